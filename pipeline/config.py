@@ -1,0 +1,178 @@
+"""Structured-config schemas for every config group, registered in Hydra's ConfigStore.
+
+Every group is typed, so a typo'd key, a wrong type or an unknown enum value fails when the
+config is composed, with OmegaConf's message naming the full key and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class DType(Enum):
+    """Element types an example input may have."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    int64 = "int64"
+    int32 = "int32"
+    int8 = "int8"
+    uint8 = "uint8"
+    bool = "bool"
+
+
+@dataclass
+class InputSpec:
+    """One example input: shape, dtype and value range.
+
+    Floating inputs are standard normal unless ``low``/``high`` are given (then uniform);
+    integer inputs are drawn uniformly from ``[low, high)`` and need both bounds.
+    """
+
+    name: str = MISSING
+    shape: list[int] = MISSING
+    dtype: DType = DType.float32
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass
+class DynamicDim:
+    """A dimension of an input that may vary at run time, between ``min`` and ``max``."""
+
+    name: str = MISSING
+    input: str = MISSING
+    dim: int = MISSING
+    min: int = 1
+    max: int = MISSING
+
+
+@dataclass
+class ModelConfig:
+    """The model: any importable ``_target_`` that returns an ``nn.Module``.
+
+    ``args`` are passed to ``_target_`` as keyword arguments. Weights are seeded random unless
+    ``checkpoint`` names a state_dict file.
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    args: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None
+    seed: int = 0
+    inputs: list[InputSpec] = MISSING
+    dynamic_dims: list[DynamicDim] = field(default_factory=list)
+    # Random batches used to re-estimate batch-norm statistics of seeded weights.
+    bn_calibration_batches: int = 4
+    bn_calibration_batch_size: int = 8
+
+
+class QuantScheme(Enum):
+    none = "none"
+    ptq = "ptq"
+    qat = "qat"
+    dynamic = "dynamic"
+
+
+@dataclass
+class QuantConfig:
+    """Quantization. Absent means fp32."""
+
+    scheme: QuantScheme = QuantScheme.none
+
+
+@dataclass
+class PartitionerConfig:
+    """Delegate partitioner. Absent means no delegate: every op runs on portable kernels."""
+
+    name: str = "none"
+
+
+class TargetKind(Enum):
+    host = "host"
+    linux_aarch64 = "linux_aarch64"
+    android = "android"
+    cortex_m = "cortex_m"
+
+
+@dataclass
+class TargetConfig:
+    """The device toolchain. Absent means the build machine itself."""
+
+    name: str = "host"
+    kind: TargetKind = TargetKind.host
+
+
+class Planner(Enum):
+    greedy = "greedy"
+    naive = "naive"
+
+
+@dataclass
+class BankConfig:
+    """One memory bank. ``size_bytes`` caps what the planner may place in it."""
+
+    name: str = "sram"
+    size_bytes: int | None = None
+
+
+@dataclass
+class MemoryConfig:
+    """The memory hierarchy: banks the planner places activations in. Absent: one flat bank."""
+
+    planner: Planner = Planner.greedy
+    alignment: int = 16
+    # Let elementwise ops write their output over an input that dies at that op.
+    in_place: bool = True
+    banks: list[BankConfig] = field(default_factory=lambda: [BankConfig()])
+
+
+class StageName(Enum):
+    model = "model"
+    export = "export"
+    lower = "lower"
+    out_variant = "out_variant"
+    plan = "plan"
+    emit = "emit"
+    select = "select"
+    reference = "reference"
+    report = "report"
+
+
+@dataclass
+class EmitConfig:
+    """Program-file layout."""
+
+    constant_alignment: int = 16
+    segment_alignment: int = 128
+
+
+@dataclass
+class PipelineConfig:
+    """How the stage runner runs. ``stop_after`` runs a prefix of the stages."""
+
+    stop_after: StageName | None = None
+    emit: EmitConfig = field(default_factory=EmitConfig)
+
+
+@dataclass
+class EtbuildConfig:
+    """The whole manifest."""
+
+    model: ModelConfig = MISSING
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+
+def register_configs() -> None:
+    """Register the manifest schema; ``conf/config.yaml`` lists it first in its defaults."""
+    ConfigStore.instance().store(name="etbuild_schema", node=EtbuildConfig)

@@ -1,0 +1,91 @@
+"""The graph the lowering passes work on: an FX graph plus the constants it reads.
+
+After export, parameters, buffers and lifted constants are placeholders of the graph. Here each
+such placeholder carries its tensor in ``Graph.constants``; passes can add new constants
+(folded weights) and remove dead ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+_TORCH_DIR = re.escape(str(__import__("pathlib").Path(torch.__file__).parent))
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+@dataclass
+class Graph:
+    """An exported graph with its constants bound."""
+
+    fx_graph: fx.Graph
+    constants: dict[str, torch.Tensor]  # placeholder name -> tensor
+    input_names: list[str]  # user-input placeholder names, in order
+    in_spec: object = None  # pytree spec of the user inputs
+    out_spec: object = None
+    dynamic: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def is_const(self, node: object) -> bool:
+        return isinstance(node, fx.Node) and node.op == "placeholder" and node.name in self.constants
+
+    def const(self, node: fx.Node) -> torch.Tensor:
+        return self.constants[node.name]
+
+    def add_const(self, tensor: torch.Tensor, hint: str) -> fx.Node:
+        """A new constant placeholder holding ``tensor`` (placed before the user inputs)."""
+        base = re.sub(r"\W", "_", hint)
+        name, i = base, 0
+        existing = {n.name for n in self.fx_graph.nodes}
+        while name in existing or name in self.constants:
+            i += 1
+            name = f"{base}_{i}"
+        first = next(iter(self.fx_graph.nodes))
+        with self.fx_graph.inserting_before(first):
+            node = self.fx_graph.placeholder(name)
+        node.meta["val"] = tensor
+        self.constants[node.name] = tensor.detach().contiguous()
+        return node
+
+    def drop_dead(self) -> None:
+        """Remove nodes nothing uses, including unused constant placeholders."""
+        changed = True
+        while changed:
+            changed = False
+            for node in reversed(list(self.fx_graph.nodes)):
+                if node.users or node.op == "output":
+                    continue
+                if node.op == "call_function" or self.is_const(node):
+                    self.constants.pop(node.name, None)
+                    self.fx_graph.erase_node(node)
+                    changed = True
+
+    def call_nodes(self) -> list[fx.Node]:
+        return [n for n in self.fx_graph.nodes if n.op == "call_function"]
+
+
+def source_of(node: fx.Node) -> str:
+    """"file:line  code" of the innermost model frame (outside torch) that made ``node``."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = list(_FRAME.finditer(trace))
+    user = [f for f in frames if not re.match(_TORCH_DIR, f["file"])]
+    chosen = (user or frames)[-1] if (user or frames) else None
+    if chosen is None:
+        return "<unknown source>"
+    return f"{chosen['file']}:{chosen['line']}  {chosen['code'].strip()}"
+
+
+def is_static(node: fx.Node) -> bool:
+    """True when the node's value has a fully static shape."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return all(isinstance(s, int) for s in val.shape)
+    if isinstance(val, (list, tuple)):
+        return all(
+            not isinstance(v, torch.Tensor) or all(isinstance(s, int) for s in v.shape)
+            for v in val
+        )
+    return isinstance(val, (int, float, bool))

@@ -1,0 +1,101 @@
+"""The program file container: flatbuffer, extended header, data segments.
+
+Layout (ExecuTorch's):
+  bytes 0..3   flatbuffer root offset          bytes 4..7  file identifier "ET12"
+  bytes 8..39  extended header: "eh00", header length (u32 = 32), program size (u64),
+               segment base offset (u64), segment data size (u64)
+  then the rest of the flatbuffer, zero padding to the segment alignment, then the segments.
+The header sits inside the flatbuffer's bytes; flatbuffer offsets past it are relative, so
+only the root offset moves.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import flatbuffers
+
+from .errors import EtbuildError
+
+FILE_IDENTIFIER = b"ET12"
+HEADER_MAGIC = b"eh00"
+HEADER_LENGTH = 32
+_HEADER = struct.Struct("<4sIQQQ")
+
+
+def check_schema_installed():
+    """The generated ``etbuild.schema.Program`` module, or a clear error."""
+    try:
+        from etbuild.schema import Program
+    except ImportError as exc:  # the package was not built by its CMake step
+        raise EtbuildError(
+            "etbuild.schema (generated from runtime_src/schema/program.fbs at install time) "
+            "is missing; reinstall etbuild with pip so its build step runs"
+        ) from exc
+    return Program
+
+
+def align_up(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def serialize(program, segments: list[bytes], segment_alignment: int) -> bytes:
+    """A .pte file from a ``ProgramT`` whose ``segments`` already describe ``segments``."""
+    builder = flatbuffers.Builder(1 << 16)
+    builder.Finish(program.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    fb = bytes(builder.Output())
+    (root,) = struct.unpack_from("<I", fb, 0)
+    program_size = len(fb) + HEADER_LENGTH
+    base = align_up(program_size, segment_alignment)
+    data = bytearray()
+    for seg in segments:
+        data += b"\0" * (align_up(len(data), segment_alignment) - len(data))
+        data += seg
+    header = _HEADER.pack(HEADER_MAGIC, HEADER_LENGTH, program_size, base, len(data))
+    out = bytearray(struct.pack("<I", root + HEADER_LENGTH))
+    out += fb[4:8] + header + fb[8:]
+    out += b"\0" * (base - len(out))
+    out += data
+    return bytes(out)
+
+
+def segment_layout(sizes: list[int], segment_alignment: int) -> list[tuple[int, int]]:
+    """(offset, size) of each segment relative to the segment base, as ``serialize`` lays them."""
+    layout, end = [], 0
+    for size in sizes:
+        start = align_up(end, segment_alignment)
+        layout.append((start, size))
+        end = start + size
+    return layout
+
+
+@dataclass
+class ProgramFile:
+    """A parsed .pte: the flatbuffer object tree and the raw segment bytes."""
+
+    program: object  # etbuild.schema.Program.ProgramT
+    segment_base: int
+    data: bytes
+
+    def segment(self, index: int) -> bytes:
+        seg = self.program.segments[index]
+        start = self.segment_base + seg.offset
+        return self.data[start : start + seg.size]
+
+
+def read(data: bytes) -> ProgramFile:
+    """Parse a .pte file, checking the identifier, the header and the segment bounds."""
+    if len(data) < 8 + HEADER_LENGTH or data[4:8] != FILE_IDENTIFIER:
+        raise EtbuildError("not an ExecuTorch program: the file identifier ET12 is missing")
+    magic, length, program_size, base, seg_size = _HEADER.unpack_from(data, 8)
+    if magic != HEADER_MAGIC or length < HEADER_LENGTH:
+        raise EtbuildError("malformed program: the extended header is missing or corrupt")
+    if program_size > len(data) or base + seg_size > len(data) or base < program_size:
+        raise EtbuildError("malformed program: the header points past the end of the file")
+    mod = check_schema_installed()
+    program = mod.ProgramT.InitFromObj(mod.Program.GetRootAs(data, 0))
+    for seg in program.segments or []:
+        if seg.offset + seg.size > seg_size:
+            raise EtbuildError("malformed program: a segment lies outside the segment data")
+    return ProgramFile(program=program, segment_base=base, data=data)

@@ -1,0 +1,183 @@
+"""The stage runner: runs named stages in order, records what each read and wrote.
+
+A stage is a function of (artifacts in, its config slice) -> artifacts out. In-memory
+artifacts pass between stages in ``Context.artifacts``; files go to the run directory through
+``Context.write``, which writes atomically (temporary file, then rename), so a failing stage
+never leaves a half-written file. ``manifest.json`` records, per stage, its wall time and the
+content hashes of the files it read and wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import EtbuildError
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either nothing or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class StageRecord:
+    """What one stage did, as recorded in manifest.json."""
+
+    name: str
+    seconds: float = 0.0
+    reads: dict[str, str] = field(default_factory=dict)
+    writes: dict[str, str] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """What a running stage sees: the config, the run directory and earlier artifacts."""
+
+    cfg: DictConfig
+    run_dir: Path
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    records: list[StageRecord] = field(default_factory=list)
+
+    @property
+    def current(self) -> StageRecord:
+        return self.records[-1]
+
+    def write(self, name: str, data: bytes) -> Path:
+        """Write an artifact file atomically and record its hash for the current stage."""
+        path = self.run_dir / name
+        write_atomic(path, data)
+        self.current.writes[name] = sha256_bytes(data)
+        return path
+
+    def read(self, name: str) -> bytes:
+        """Read an artifact file written earlier in this run, recording its hash."""
+        data = (self.run_dir / name).read_bytes()
+        self.current.reads[name] = sha256_bytes(data)
+        return data
+
+    def note_read(self, label: str, digest: str) -> None:
+        """Record an input that is not a run-directory file (a checkpoint, ops_yaml, ...)."""
+        self.current.reads[label] = digest
+
+    def summarize(self, **items: Any) -> None:
+        """Add key facts to the stage's progress line and manifest entry."""
+        self.current.summary.update(items)
+
+
+StageFn = Callable[[Context], None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    fn: StageFn
+
+
+def _progress_line(index: int, total: int, rec: StageRecord) -> str:
+    facts = "  ".join(f"{k}={v}" for k, v in rec.summary.items())
+    return f"[{index}/{total}] {rec.name:<12} {rec.seconds:7.2f}s  {facts}".rstrip()
+
+
+def tool_versions() -> dict[str, str]:
+    import torch
+
+    from . import __version__
+
+    return {
+        "etbuild": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def run_stages(
+    stages: list[Stage],
+    cfg: DictConfig,
+    run_dir: Path,
+    stop_after: str | None = None,
+    log: Callable[[str], None] = print,
+) -> Context:
+    """Run ``stages`` in order (through ``stop_after``), then write manifest.json.
+
+    The manifest is written whether the run succeeds or fails; a failure re-raises.
+    """
+    names = [s.name for s in stages]
+    if stop_after is not None and stop_after not in names:
+        raise EtbuildError(
+            f"pipeline.stop_after={stop_after!r} is not a stage; stages are: {', '.join(names)}"
+        )
+    selected = stages[: names.index(stop_after) + 1] if stop_after else stages
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Context(cfg=cfg, run_dir=run_dir)
+    error: BaseException | None = None
+    started = time.perf_counter()
+    for i, stage in enumerate(selected, 1):
+        rec = StageRecord(stage.name)
+        ctx.records.append(rec)
+        t0 = time.perf_counter()
+        try:
+            stage.fn(ctx)
+        except BaseException as exc:
+            rec.seconds = time.perf_counter() - t0
+            rec.summary["failed"] = type(exc).__name__
+            log(_progress_line(i, len(selected), rec))
+            error = exc
+            break
+        rec.seconds = time.perf_counter() - t0
+        log(_progress_line(i, len(selected), rec))
+    manifest = {
+        "status": "failed" if error else "ok",
+        "error": str(error) if error else None,
+        "run_dir": str(run_dir),
+        "total_seconds": round(time.perf_counter() - started, 4),
+        "tools": tool_versions(),
+        "argv": sys.argv[1:],
+        "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "stages": [
+            {
+                "name": r.name,
+                "seconds": round(r.seconds, 4),
+                "reads": r.reads,
+                "writes": r.writes,
+                "summary": r.summary,
+            }
+            for r in ctx.records
+        ],
+    }
+    write_atomic(run_dir / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    if error is not None:
+        raise error
+    return ctx

@@ -1,0 +1,16 @@
+"""The pipeline's stages, in the order they run (DESIGN.md's data flow)."""
+
+from ..runner import Stage
+from . import emit, export, lower, model, out_variant, plan, reference, report, select
+
+STAGES: list[Stage] = [
+    Stage("model", model.run),
+    Stage("export", export.run),
+    Stage("lower", lower.run),
+    Stage("out_variant", out_variant.run),
+    Stage("plan", plan.run),
+    Stage("emit", emit.run),
+    Stage("select", select.run),
+    Stage("reference", reference.run),
+    Stage("report", report.run),
+]

@@ -1,0 +1,130 @@
+"""The `lower` stage: core-ATen decompositions, graph passes, and the operator check.
+
+Every op left after the passes must have a kernel in ``ops_yaml/``; the check reports all
+missing ops at once, each with the model source lines it came from.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from .. import passes
+from ..errors import EtbuildError
+from ..graph import Graph, source_of
+from ..ops import kernel_key_for, load_ops, ops_yaml_digest
+from ..runner import Context
+from ..symints import SYM_OPS
+
+
+def graph_from_exported(ep: torch.export.ExportedProgram) -> Graph:
+    """Bind an exported program's parameters, buffers and constants to its placeholders."""
+    constants: dict[str, torch.Tensor] = {}
+    inputs: list[str] = []
+    for spec in ep.graph_signature.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            if not isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
+                raise EtbuildError(
+                    f"model input {name!r} is not a tensor; etbuild programs take tensors only"
+                )
+            inputs.append(name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            value = ep.state_dict.get(spec.target)
+            if value is None:
+                value = ep.constants[spec.target]
+            constants[name] = value.detach().contiguous()
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            constants[name] = ep.constants[spec.target].detach().contiguous()
+        else:
+            raise EtbuildError(
+                f"model input {name!r} is a {spec.kind.name}; etbuild supports tensors, "
+                "parameters, buffers and constant tensors"
+            )
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise EtbuildError(
+                f"the model mutates {spec.target!r} in forward ({spec.kind.name}); programs "
+                "must be free of state updates: compute a new tensor instead"
+            )
+    dynamic = any(
+        not isinstance(s, int)
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+        for s in n.meta["val"].shape
+    )
+    return Graph(
+        fx_graph=ep.graph,
+        constants=constants,
+        input_names=inputs,
+        in_spec=ep.call_spec.in_spec,
+        out_spec=ep.call_spec.out_spec,
+        dynamic=dynamic,
+    )
+
+
+def required_kernel(node: torch.fx.Node) -> str | None:
+    """The ops_yaml key a node needs, "" when it needs no kernel, None when ATen has none."""
+    target = node.target
+    if target is operator.getitem or passes.is_pure_view(node):
+        return ""
+    if target in SYM_OPS:
+        return SYM_OPS[target]
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    return kernel_key_for(passes.VIEW_TO_COPY.get(target, target))
+
+
+def check_ops(g: Graph) -> dict[str, int]:
+    """Raise one error listing every op without a kernel; else return kernel use counts."""
+    ops = load_ops()
+    used: dict[str, int] = defaultdict(int)
+    missing: dict[str, list[str]] = defaultdict(list)
+    for node in g.call_nodes():
+        key = required_kernel(node)
+        if key == "":
+            continue
+        if key is None or key not in ops:
+            label = f"{key}  (for {node.target})" if key else f"{node.target} (no out variant)"
+            missing[label].append(source_of(node))
+        else:
+            used[key] += 1
+    if missing:
+        lines = [
+            f"The model uses {len(missing)} operator(s) that the runtime has no kernel for "
+            "(ops_yaml/ lists every kernel):"
+        ]
+        for label in sorted(missing):
+            lines.append(f"  {label}")
+            for src in sorted(set(missing[label])):
+                lines.append(f"      at {src}")
+        lines.append(
+            "Rewrite those lines with supported operators, or add kernels for them to "
+            "ops_yaml/ and runtime_src/kernels/."
+        )
+        raise EtbuildError("\n".join(lines))
+    return dict(sorted(used.items()))
+
+
+def run(ctx: Context) -> None:
+    ep = ctx.artifacts["exported"].run_decompositions()
+    g = graph_from_exported(ep)
+    before = len(g.call_nodes())
+    noops = passes.drop_noops(g)
+    passes.wrap_scalar_tensor_args(g)
+    folded_bn, rewritten_bn = passes.fold_batchnorm(g)
+    folded = passes.fold_constants(g)
+    noops += passes.drop_noops(g)
+    g.drop_dead()
+    ctx.note_read("ops_yaml", ops_yaml_digest())
+    ctx.artifacts["op_counts"] = check_ops(g)
+    ctx.artifacts["graph"] = g
+    ctx.summarize(
+        nodes=f"{before}->{len(g.call_nodes())}",
+        bn_folded=folded_bn + rewritten_bn,
+        const_folded=folded,
+        noops_dropped=noops,
+    )

@@ -1,0 +1,163 @@
+"""The `out_variant` stage: every op becomes its ``.out`` form, schemas from ``ops_yaml/``.
+
+The FX graph becomes the program IR: each call binds its arguments to the ops_yaml schema
+(defaults filled in) and gets fresh output tensors; views that move no data become aliases.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from .. import passes
+from ..errors import EtbuildError
+from ..graph import Graph, source_of
+from ..ir import Instruction, Program, SymValue, TensorValue
+from ..ops import load_ops
+from ..runner import Context
+from .lower import required_kernel
+
+
+def upper_bound(size: int | torch.SymInt, what: str) -> int:
+    """The largest value a (possibly symbolic) size can take."""
+    if isinstance(size, int):
+        return size
+    node = size.node
+    bound = node.shape_env.bound_sympy(node.expr).upper
+    if not bound.is_finite:
+        raise EtbuildError(
+            f"{what} has a dynamic size {node.expr} with no upper bound; give every dynamic "
+            "dim a max in model.dynamic_dims"
+        )
+    return int(bound)
+
+
+def tensor_value(name: str, val: torch.Tensor) -> TensorValue:
+    shape = tuple(upper_bound(s, name) for s in val.shape)
+    dynamic = any(not isinstance(s, int) for s in val.shape)
+    return TensorValue(
+        name=name,
+        shape=shape,
+        dtype=val.dtype,
+        dynamic=dynamic,
+        sym_shape=tuple(str(s) for s in val.shape),
+    )
+
+
+def _bind(node: fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in.
+
+    A view binds against its copy op's schema (same arguments, e.g. view -> view_copy).
+    """
+    schema = passes.VIEW_TO_COPY.get(node.target, node.target)._schema
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif not arg.kwarg_only and i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def build_program(g: Graph) -> Program:
+    ops = load_ops()
+    env: dict[fx.Node, Any] = {}
+    values: list[TensorValue] = []
+    inputs: list[TensorValue] = []
+    instructions: list[Instruction] = []
+
+    def new_value(name: str, val: torch.Tensor) -> TensorValue:
+        tv = tensor_value(name, val)
+        values.append(tv)
+        return tv
+
+    def lookup(a: Any) -> Any:
+        return fx.node.map_aggregate(a, lambda x: env[x] if isinstance(x, fx.Node) else x)
+
+    for node in g.fx_graph.nodes:
+        if node.op == "placeholder":
+            if g.is_const(node):
+                data = g.const(node)
+                tv = TensorValue(node.name, tuple(data.shape), data.dtype, data=data)
+                values.append(tv)
+            else:
+                tv = new_value(node.name, node.meta["val"])
+                tv.is_input = True
+                inputs.append(tv)
+            env[node] = tv
+        elif node.op == "call_function":
+            env[node] = _convert_call(node, env, lookup, new_value, ops, instructions, values)
+        elif node.op == "output":
+            outs = [lookup(o) for o in pytree.tree_leaves(node.args[0])]
+            for o in outs:
+                if not isinstance(o, TensorValue):
+                    raise EtbuildError(
+                        f"model output {o!r} is not a tensor; programs return tensors only"
+                    )
+                o.is_output = True
+    return Program(
+        inputs=inputs,
+        outputs=outs,
+        instructions=instructions,
+        in_spec=pytree.treespec_dumps(g.in_spec) if g.in_spec is not None else "",
+        out_spec=pytree.treespec_dumps(g.out_spec) if g.out_spec is not None else "",
+        values=values,
+    )
+
+
+def _convert_call(node, env, lookup, new_value, ops, instructions, values) -> Any:
+    if node.target is operator.getitem:
+        return env[node.args[0]][node.args[1]]
+    key = required_kernel(node)
+    if key == "":  # a view that moves no data: share the input's storage
+        src = env[node.args[0]]
+        val = node.meta["val"]
+        if src.is_constant:
+            tv = TensorValue(node.name, tuple(val.shape), val.dtype, data=src.data.reshape(val.shape))
+            values.append(tv)
+            return tv
+        tv = new_value(node.name, val)
+        tv.alias_of = src
+        return tv
+    op = ops[key]
+    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name != "aten::sym_size":
+        bound = _bind(node)
+    else:  # symbolic-size ops: positional
+        bound = {a.name: v for a, v in zip(op.schema.arguments, node.args, strict=False)}
+    args: list[Any] = []
+    returns: list[Any] = []
+    val = node.meta.get("val")
+    outs = iter(val if isinstance(val, (list, tuple)) else [val])
+    for arg in op.schema.arguments:
+        if arg.is_out:
+            out_val = next(outs)
+            tv = new_value(f"{node.name}_{arg.name}" if len(op.schema.returns) > 1 else node.name,
+                           out_val)
+            args.append(tv)
+            returns.append(tv)
+        elif arg.name in bound:
+            args.append(lookup(bound[arg.name]))
+        elif arg.has_default_value():
+            args.append(arg.default_value)
+        else:
+            raise EtbuildError(
+                f"ops_yaml schema of {key} has argument {arg.name!r} that {node.target} does "
+                "not provide; fix the schema in ops_yaml/"
+            )
+    if not returns:  # symbolic-size op: one Int result
+        returns.append(SymValue(node.name))
+    instructions.append(Instruction(op=op, args=args, returns=returns, source=source_of(node)))
+    return returns[0] if len(returns) == 1 else tuple(returns)
+
+
+def run(ctx: Context) -> None:
+    program = build_program(ctx.artifacts["graph"])
+    ctx.artifacts["program"] = program
+    aliases = sum(1 for v in program.values if v.alias_of is not None)
+    ctx.summarize(instructions=len(program.instructions), views_aliased=aliases)
