@@ -14,7 +14,9 @@ import torch
 from torch import fx
 
 _TORCH_DIR = re.escape(str(__import__("pathlib").Path(torch.__file__).parent))
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
+_FRAME = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)'
+)
 
 
 @dataclass
@@ -30,7 +32,9 @@ class Graph:
     notes: list[str] = field(default_factory=list)
 
     def is_const(self, node: object) -> bool:
-        return isinstance(node, fx.Node) and node.op == "placeholder" and node.name in self.constants
+        return (
+            isinstance(node, fx.Node) and node.op == "placeholder" and node.name in self.constants
+        )
 
     def const(self, node: fx.Node) -> torch.Tensor:
         return self.constants[node.name]
@@ -68,7 +72,7 @@ class Graph:
 
 
 def source_of(node: fx.Node) -> str:
-    """"file:line  code" of the innermost model frame (outside torch) that made ``node``."""
+    """ "file:line  code" of the innermost model frame (outside torch) that made ``node``."""
     trace = node.meta.get("stack_trace") or ""
     frames = list(_FRAME.finditer(trace))
     user = [f for f in frames if not re.match(_TORCH_DIR, f["file"])]
@@ -85,7 +89,6 @@ def is_static(node: fx.Node) -> bool:
         return all(isinstance(s, int) for s in val.shape)
     if isinstance(val, (list, tuple)):
         return all(
-            not isinstance(v, torch.Tensor) or all(isinstance(s, int) for s in v.shape)
-            for v in val
+            not isinstance(v, torch.Tensor) or all(isinstance(s, int) for s in v.shape) for v in val
         )
     return isinstance(val, (int, float, bool))

@@ -111,7 +111,7 @@ def _schema_key(op: torch._ops.OpOverload) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The ``.out`` overload of a functional ATen op, or None when ATen has none.
 

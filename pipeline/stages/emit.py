@@ -219,8 +219,7 @@ class _Emitter:
             self.op_index[key] = len(self.operators)
             self.operators.append(key)
         args = [
-            self.argument(v, a.type)
-            for v, a in zip(ins.args, ins.op.schema.arguments, strict=True)
+            self.argument(v, a.type) for v, a in zip(ins.args, ins.op.schema.arguments, strict=True)
         ]
         outs = [self.argument(r, None) for r in ins.returns]
         if len(outs) > 1:  # several returns travel as one TensorList, as ExecuTorch emits them
@@ -301,7 +300,7 @@ def emit_program(
     prog.executionPlan = [plan_t]
     prog.constantBuffer = []
     prog.backendDelegateData = []
-    (offset, size), = pte.segment_layout([len(constants)], segment_alignment)
+    ((offset, size),) = pte.segment_layout([len(constants)], segment_alignment)
     seg = m["DataSegment"].DataSegmentT()
     seg.offset, seg.size = offset, size
     prog.segments = [seg]

@@ -119,14 +119,19 @@ def _convert_call(node, env, lookup, new_value, ops, instructions, values) -> An
         src = env[node.args[0]]
         val = node.meta["val"]
         if src.is_constant:
-            tv = TensorValue(node.name, tuple(val.shape), val.dtype, data=src.data.reshape(val.shape))
+            tv = TensorValue(
+                node.name, tuple(val.shape), val.dtype, data=src.data.reshape(val.shape)
+            )
             values.append(tv)
             return tv
         tv = new_value(node.name, val)
         tv.alias_of = src
         return tv
     op = ops[key]
-    if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.name != "aten::sym_size":
+    if (
+        isinstance(node.target, torch._ops.OpOverload)
+        and node.target._schema.name != "aten::sym_size"
+    ):
         bound = _bind(node)
     else:  # symbolic-size ops: positional
         bound = {a.name: v for a, v in zip(op.schema.arguments, node.args, strict=False)}
@@ -137,8 +142,9 @@ def _convert_call(node, env, lookup, new_value, ops, instructions, values) -> An
     for arg in op.schema.arguments:
         if arg.is_out:
             out_val = next(outs)
-            tv = new_value(f"{node.name}_{arg.name}" if len(op.schema.returns) > 1 else node.name,
-                           out_val)
+            tv = new_value(
+                f"{node.name}_{arg.name}" if len(op.schema.returns) > 1 else node.name, out_val
+            )
             args.append(tv)
             returns.append(tv)
         elif arg.name in bound:

@@ -15,7 +15,9 @@ def run(ctx: Context) -> None:
     planner = mem.planner.value if hasattr(mem.planner, "value") else str(mem.planner)
     plan = plan_memory(program, banks, mem.alignment, planner, mem.in_place)
     other = "naive" if planner == "greedy" else "greedy"
-    baseline = plan_memory(program, [(n, None) for n, _ in banks], mem.alignment, other, mem.in_place)
+    baseline = plan_memory(
+        program, [(n, None) for n, _ in banks], mem.alignment, other, mem.in_place
+    )
     ctx.artifacts["plan"] = plan
     total = sum(plan.bank_sizes)
     doc = {

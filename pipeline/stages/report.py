@@ -21,9 +21,11 @@ def render(ctx: Context) -> str:
         f"- target: {cfg.target.name}",
         f"- quantization: {cfg.quant.scheme.value}",
         f"- partitioner: {cfg.partitioner.name}",
-        f"- inputs: "
-        + ", ".join(f"{v.name} {list(v.shape)} {str(v.dtype).removeprefix('torch.')}"
-                    for v in program.inputs),
+        "- inputs: "
+        + ", ".join(
+            f"{v.name} {list(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+            for v in program.inputs
+        ),
         "",
         "## Program (model.pte)",
         "",

@@ -1,0 +1,104 @@
+// Method: an initialized execution plan that runs its instructions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/evalue.h"
+#include "core/memory_allocator.h"
+#include "core/result.h"
+#include "core/span.h"
+#include "kernel/kernel.h"
+
+namespace etb {
+
+class Program;
+struct MemoryManager;
+
+/// One profiled instruction: its name ("aten::add.out", "delegate", "move", ...) and time.
+struct ProfileEvent {
+  const char* name;
+  uint64_t duration_ns;
+};
+
+/// An initialized method. Create with Program::load_method.
+class Method {
+ public:
+  Method(Method&& o) noexcept;
+  Method(const Method&) = delete;
+  Method& operator=(const Method&) = delete;
+  Method& operator=(Method&&) = delete;
+  ~Method();
+
+  size_t num_inputs() const { return num_inputs_; }
+  size_t num_outputs() const { return num_outputs_; }
+
+  /// Sets tensor input i: dtype and rank must match, sizes must equal (static) or lie
+  /// within the bound (dynamic). Planned inputs are copied; unplanned inputs reference
+  /// `data`, which must stay alive until execute() returns.
+  Error set_input(size_t i, ScalarType dtype, Span<const int64_t> sizes, const void* data,
+                  size_t nbytes);
+  /// Sets a scalar (Int, Double or Bool) input i.
+  Error set_input_scalar(size_t i, const EValue& v);
+  /// The value of input i (for its expected type and sizes).
+  Result<const EValue*> input(size_t i) const;
+  /// Runs every instruction.
+  Error execute();
+  /// Output i after execute().
+  Result<const EValue*> output(size_t i) const;
+
+  /// Records per-instruction times into `events` (up to `capacity`) on each execute();
+  /// pass nullptr to turn profiling off (the default).
+  void set_profiler(ProfileEvent* events, size_t capacity) {
+    profile_ = events;
+    profile_capacity_ = capacity;
+    profile_count_ = 0;
+  }
+  /// Events recorded by the last execute().
+  Span<const ProfileEvent> profile() const {
+    return Span<const ProfileEvent>(profile_, profile_count_);
+  }
+
+  /// Instruction kinds.
+  enum class Kind : uint8_t { Kernel, Delegate, Move, JumpFalse, Free };
+  /// One resolved instruction.
+  struct Instr {
+    Kind kind;
+    int32_t a;  // op/delegate index, move_from, cond value, free value
+    int32_t b;  // move_to, jump destination
+    EValue** args;
+    uint32_t num_args;
+  };
+  /// A resolved delegate.
+  struct Delegate {
+    const Backend* backend;
+    void* handle;
+  };
+
+ private:
+  friend class Program;
+  Method() = default;
+
+  EValue* values_ = nullptr;
+  size_t num_values_ = 0;
+  const int32_t* inputs_ = nullptr;
+  size_t num_inputs_ = 0;
+  const int32_t* outputs_ = nullptr;
+  size_t num_outputs_ = 0;
+  bool* input_set_ = nullptr;
+  Instr* instrs_ = nullptr;
+  size_t num_instrs_ = 0;
+  KernelFn* kernels_ = nullptr;
+  const char** op_names_ = nullptr;
+  size_t num_ops_ = 0;
+  Delegate* delegates_ = nullptr;
+  size_t num_delegates_ = 0;
+  MemoryAllocator* temp_ = nullptr;
+  ProfileEvent* profile_ = nullptr;
+  size_t profile_capacity_ = 0;
+  size_t profile_count_ = 0;
+};
+
+}  // namespace etb

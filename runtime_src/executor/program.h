@@ -1,0 +1,101 @@
+// Program: a verified, loaded program file; MethodMeta: what a method needs to run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "core/memory_allocator.h"
+#include "core/result.h"
+#include "core/span.h"
+#include "core/tensor.h"
+#include "executor/data_loader.h"
+
+namespace etbuild {
+namespace schema {
+struct Program;
+struct ExecutionPlan;
+}  // namespace schema
+}  // namespace etbuild
+
+namespace etb {
+
+class Method;
+
+/// Dtype and (upper-bound) sizes of a method input or output tensor.
+struct TensorInfo {
+  ScalarType dtype = ScalarType::Float;
+  int dim = 0;
+  int64_t sizes[kMaxDim] = {};
+  ShapeDynamism dynamism = ShapeDynamism::Static;
+};
+
+/// The memory a method needs: caller-owned buffers, one per planned bank (0-based here;
+/// the program's 1-based memory ids are hidden), an allocator for the method's own tables,
+/// and a temp allocator for kernels (reset after every kernel).
+struct MemoryManager {
+  MemoryAllocator* method_allocator = nullptr;
+  Span<const Span<uint8_t>> banks;
+  MemoryAllocator* temp_allocator = nullptr;
+};
+
+/// Facts about one method, read without initializing it.
+class MethodMeta {
+ public:
+  const char* name() const;
+  size_t num_inputs() const;
+  size_t num_outputs() const;
+  /// Dtype and sizes of input i; an error when it is not a tensor.
+  Result<TensorInfo> input_tensor_info(size_t i) const;
+  Result<TensorInfo> output_tensor_info(size_t i) const;
+  /// Number of planned memory banks.
+  size_t num_memory_banks() const;
+  /// Bytes planned for bank i (0-based).
+  Result<int64_t> memory_bank_size(size_t i) const;
+  /// An upper bound of the bytes Method init takes from the method allocator.
+  size_t method_allocator_bytes() const;
+  /// Number of instructions across chains.
+  size_t num_instructions() const;
+
+ private:
+  friend class Program;
+  explicit MethodMeta(const etbuild::schema::ExecutionPlan* plan) : plan_(plan) {}
+  Result<TensorInfo> value_tensor_info(int64_t value_index) const;
+  const etbuild::schema::ExecutionPlan* plan_;
+};
+
+/// A loaded program. The loader must outlive the Program and its methods.
+class Program {
+ public:
+  /// Verifies and loads a program: flatbuffer verifier first, then the extended header
+  /// and segment bounds. Constant data stays in the loader's memory.
+  static Result<Program> load(const DataLoader* loader);
+
+  size_t num_methods() const;
+  /// Name of method i.
+  Result<const char*> method_name(size_t i) const;
+  /// Meta of the named method.
+  Result<MethodMeta> method_meta(const char* name) const;
+  /// Initializes the named method with the caller's memory.
+  Result<Method> load_method(const char* name, const MemoryManager& memory) const;
+
+  /// `nbytes` of constant buffer `index` (bounds- and alignment-checked).
+  Result<const uint8_t*> constant_data(uint32_t index, size_t nbytes, size_t align) const;
+  /// Segment `index` as a byte span (bounds-checked at load).
+  Result<Span<const uint8_t>> segment(size_t index) const;
+  const etbuild::schema::Program* flatbuffer() const { return program_; }
+
+ private:
+  Program(const DataLoader* loader, const etbuild::schema::Program* program,
+          const uint8_t* segment_base, size_t segment_size)
+      : loader_(loader), program_(program), segment_base_(segment_base),
+        segment_size_(segment_size) {}
+  Result<const etbuild::schema::ExecutionPlan*> find_plan(const char* name) const;
+
+  const DataLoader* loader_;
+  const etbuild::schema::Program* program_;
+  const uint8_t* segment_base_;
+  size_t segment_size_;
+};
+
+}  // namespace etb

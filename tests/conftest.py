@@ -1,0 +1,133 @@
+"""Shared test helpers: config composition, in-process and CLI builds.
+
+The tests run against the *installed* ``etbuild`` package (a non-editable install works the
+same as a checkout). Test-only models live in ``tests/models_for_tests.py``; this directory is
+put on ``sys.path`` (and on ``PYTHONPATH`` for CLI subprocesses) so a config can name them as
+``model._target_=models_for_tests.<name>``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+ARTIFACTS = (
+    "model.pte",
+    "manifest.json",
+    "report.md",
+    "memory_plan.json",
+    "selected_operators.yaml",
+    "reference.pt",
+)
+ZOO = ("mobilenet", "mobilenet_v3_small", "resnet18", "mlp", "transformer")
+
+
+@contextmanager
+def hydra_context() -> Iterator[None]:
+    """Hydra's compose API over the packaged conf/ tree (schemas registered first)."""
+    from etbuild.pipeline.config import register_configs
+    from etbuild.pipeline.paths import CONF_DIR
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The composed manifest for ``overrides`` (as on the command line)."""
+    from hydra import compose
+
+    with hydra_context():
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def custom_model_overrides(name: str, inputs: Sequence[tuple[str, Sequence[int]]]) -> list[str]:
+    """Overrides that point ``model`` at ``models_for_tests.<name>`` with float inputs."""
+    specs = ",".join(
+        "{name:%s,shape:[%s]}" % (n, ",".join(str(s) for s in shape)) for n, shape in inputs
+    )
+    return [
+        "model=mlp",
+        f"model._target_=models_for_tests.{name}",
+        f"model.name={name}",
+        "model.args={}",
+        "model.dynamic_dims=[]",
+        f"model.inputs=[{specs}]",
+    ]
+
+
+def build_in_process(
+    overrides: Sequence[str], run_dir: Path, log: list[str] | None = None
+):  # -> etbuild.pipeline.runner.Context
+    """Compose ``overrides`` and run the pipeline into ``run_dir``; returns the Context."""
+    from etbuild.pipeline.cli import check_supported
+    from etbuild.pipeline.runner import run_stages
+    from etbuild.pipeline.stages import STAGES
+
+    cfg = compose_config(overrides)
+    check_supported(cfg)
+    stop = cfg.pipeline.stop_after
+    sink = log.append if log is not None else (lambda _line: None)
+    return run_stages(
+        STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, log=sink
+    )
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    env.pop("HYDRA_FULL_ERROR", None)  # test what a user sees by default
+    return env
+
+
+def run_cli(args: Sequence[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the ``etbuild`` console script (the installed one) with ``args`` in ``cwd``."""
+    exe = Path(sys.executable).parent / "etbuild"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "etbuild.pipeline.cli"]
+    return subprocess.run(
+        [*cmd, *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def zoo_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every zoo model built once per session, in-process, with its default config.
+
+    Built lazily: ``zoo_build(name)`` builds on first use and reuses the run directory after.
+    """
+    return {}
+
+
+@pytest.fixture(scope="session")
+def zoo_build(zoo_builds: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """``zoo_build(name) -> run_dir``: the session's one build of a zoo model."""
+
+    def get(name: str) -> Path:
+        if name not in zoo_builds:
+            run_dir = tmp_path_factory.mktemp(f"zoo_{name}")
+            build_in_process([f"model={name}"], run_dir)
+            zoo_builds[name] = run_dir
+        return zoo_builds[name]
+
+    return get

@@ -1,0 +1,127 @@
+"""Small models the tests build through the pipeline (``model._target_=models_for_tests.X``).
+
+Each builder takes and ignores keyword arguments, because the tests compose on top of a zoo
+config whose ``model.args`` (a dict) Hydra merges into rather than replaces.
+Lines marked ``# MISSING-OP`` are looked up by the tests (the missing-op message must point
+at them), so keep each such marker on the line that calls the unsupported op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def _settle_bn(module: nn.Module) -> nn.Module:
+    """Give every batch norm non-trivial statistics and affine terms, then go to eval."""
+    gen = torch.Generator().manual_seed(123)
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            n = m.num_features
+            with torch.no_grad():
+                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.5)
+                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+                if m.affine:
+                    m.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+                    m.bias.copy_(torch.randn(n, generator=gen) * 0.3)
+    return module.eval()
+
+
+class ConvBN(nn.Module):
+    """conv (with or without bias) -> batch norm -> relu: BN folds into the conv."""
+
+    def __init__(self, conv_bias: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=conv_bias)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def conv_bn(**_: Any) -> nn.Module:
+    return _settle_bn(ConvBN(conv_bias=False))
+
+
+def conv_bias_bn(**_: Any) -> nn.Module:
+    return _settle_bn(ConvBN(conv_bias=True))
+
+
+class LinearBN(nn.Module):
+    """linear -> BatchNorm1d -> relu -> linear: the BN folds into the first linear (addmm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def linear_bn(**_: Any) -> nn.Module:
+    return _settle_bn(LinearBN())
+
+
+class StandaloneBN(nn.Module):
+    """A batch norm right after a relu: no conv or linear to fold into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.bn(torch.relu(x)) * 2.0
+
+
+def standalone_bn(**_: Any) -> nn.Module:
+    return _settle_bn(StandaloneBN())
+
+
+class PermutedWeight(nn.Module):
+    """``x @ W.permute(1, 0)``: the permute of a constant weight folds away at build time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 16))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.matmul(x, self.w.permute(1, 0)) + 1.0
+
+
+def permuted_weight(**_: Any) -> nn.Module:
+    return PermutedWeight().eval()
+
+
+class NoOps(nn.Module):
+    """A clone, a same-shape view and a contiguous() that move no data."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.relu(x).clone()
+        y = y.view(y.shape)
+        y = y.contiguous()
+        return torch.sigmoid(y)
+
+
+def no_ops(**_: Any) -> nn.Module:
+    return NoOps().eval()
+
+
+class TwoMissingOps(nn.Module):
+    """Two distinct ops with no kernel in ops_yaml (each used at a marked line)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = torch.special.erfcx(x)  # MISSING-OP erfcx
+        b = torch.cumsum(a, dim=1)  # MISSING-OP cumsum
+        return torch.relu(b)
+
+
+def two_missing_ops(**_: Any) -> nn.Module:
+    return TwoMissingOps().eval()
+
+
+def not_a_module(**_: Any) -> object:
+    return object()
