@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .config import QuantScheme, TargetKind, register_configs
+from .config import QuantScheme, TargetKind, register_configs, validate
 from .errors import EtbuildError
 from .paths import CONF_DIR
 
@@ -38,23 +40,36 @@ def build(cfg: DictConfig, run_dir: Path) -> None:
     from .runner import run_stages
     from .stages import STAGES
 
+    cfg = validate(cfg)
     check_supported(cfg)
     stop = cfg.pipeline.stop_after
     run_stages(STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def _app(cfg: DictConfig) -> None:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    print(f"etbuild: {cfg.model.name} -> {run_dir}")
-    try:
-        build(cfg, run_dir)
-    except EtbuildError as exc:
-        print(f"etbuild: error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    print(f"etbuild: done: {run_dir}")
-
-
 def main() -> None:
+    # torch 2.13's own export internals trip this deprecation; it is not the user's to fix.
+    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
     register_configs()
-    _app()
+    failed: list[Path] = []
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def app(cfg: DictConfig) -> None:
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        print(f"etbuild: {cfg.model.name} -> {run_dir}")
+        try:
+            build(cfg, run_dir)
+        except EtbuildError as exc:
+            print(f"etbuild: error: {exc}", file=sys.stderr)
+            if hydra_cfg.mode != RunMode.MULTIRUN:
+                sys.exit(1)
+            failed.append(run_dir)  # a sweep goes on with its other jobs
+            return
+        print(f"etbuild: done: {run_dir}")
+
+    app()
+    if failed:
+        print(f"etbuild: {len(failed)} sweep job(s) failed:", file=sys.stderr)
+        for run_dir in failed:
+            print(f"  {run_dir}", file=sys.stderr)
+        sys.exit(1)

@@ -6,12 +6,16 @@ config is composed, with OmegaConf's message naming the full key and the allowed
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from .errors import EtbuildError
 
 
 class DType(Enum):
@@ -176,3 +180,37 @@ class EtbuildConfig:
 def register_configs() -> None:
     """Register the manifest schema; ``conf/config.yaml`` lists it first in its defaults."""
     ConfigStore.instance().store(name="etbuild_schema", node=EtbuildConfig)
+
+
+def _unknown_keys(node: object, path: str) -> Iterator[tuple[str, str, list[str]]]:
+    """(full key, parent, allowed keys) for every key a typed node has beyond its schema."""
+    if isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            yield from _unknown_keys(item, f"{path}[{i}]")
+        return
+    if not isinstance(node, DictConfig):
+        return
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form dict, such as model.args
+    allowed = [f.name for f in dataclasses.fields(schema)]
+    for key in node.keys():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in allowed:
+            yield full, path or "the config", allowed
+        else:
+            yield from _unknown_keys(node._get_node(key), full)
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Check a composed config against the schema.
+
+    Hydra's ``+key=value`` appends bypass the schema's struct mode, so a typo'd appended key
+    is caught here, with the settings that do exist.
+    """
+    for full, parent, allowed in _unknown_keys(cfg, ""):
+        raise EtbuildError(
+            f"unknown setting {full!r}: {parent} has no such key; its settings are: "
+            f"{', '.join(allowed)}"
+        )
+    return cfg
