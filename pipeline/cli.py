@@ -19,9 +19,11 @@ from .paths import CONF_DIR
 def check_supported(cfg: DictConfig) -> None:
     """Reject settings this version composes but cannot build yet, before any work."""
     if cfg.quant.scheme != QuantScheme.none:
+        # The quantize stage and the int8 lowering exist; the runtime's int8 kernels do not
+        # yet, and a program no runtime can run is not a deliverable.
         raise EtbuildError(
-            f"quant.scheme={cfg.quant.scheme.value} is not supported by this version of "
-            "etbuild; use +quant=none (or leave quant out) for an fp32 program"
+            f"quant.scheme={cfg.quant.scheme.value}: int8 programs need the runtime's int8 "
+            "kernels, which this version does not have yet; leave quant out (fp32)"
         )
     if cfg.partitioner.name != "none":
         raise EtbuildError(

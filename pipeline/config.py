@@ -84,11 +84,74 @@ class QuantScheme(Enum):
     dynamic = "dynamic"
 
 
+class WeightGranularity(Enum):
+    per_channel = "per_channel"
+    per_tensor = "per_tensor"
+
+
+class ActivationScheme(Enum):
+    affine = "affine"
+    symmetric = "symmetric"
+
+
+class ObserverKind(Enum):
+    minmax = "minmax"
+    moving_average_minmax = "moving_average_minmax"
+    histogram = "histogram"
+
+
+@dataclass
+class CalibrationConfig:
+    """Calibration data for static quantization.
+
+    By default ``num_batches`` batches are drawn from the model's example-input spec. Or
+    ``folder``: a folder of ``*.pt`` files, each a tensor or a list/tuple of input tensors.
+    Or ``_target_``: a callable (given ``num_batches`` and ``inputs``, the input specs) that
+    returns an iterable of input tuples.
+    """
+
+    _target_: str | None = None
+    folder: str | None = None
+    num_batches: int = 8
+
+
+@dataclass
+class KeepFp32Config:
+    """What stays in fp32: module-name patterns (fnmatch, e.g. ``features.0.*``) and op types
+    (``conv2d``, ``linear``, ``add``, ``mean``, ``max_pool2d``, ``adaptive_avg_pool2d``)."""
+
+    modules: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QatConfig:
+    """Quantization-aware training for ``steps`` steps over the calibration batches.
+
+    ``train_step`` is instantiated once (``_target_`` plus its arguments) and then called as
+    ``step(model, batch, teacher)`` each step, where ``teacher`` is the fp32 model; it computes
+    the loss and updates the weights. The default distills the fp32 model's outputs with SGD.
+    """
+
+    train_step: dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "etbuild.pipeline.quant.qat.DistillStep", "lr": 1e-3}
+    )
+    steps: int = 20
+
+
 @dataclass
 class QuantConfig:
     """Quantization. Absent means fp32."""
 
     scheme: QuantScheme = QuantScheme.none
+    weights: WeightGranularity = WeightGranularity.per_channel
+    activations: ActivationScheme = ActivationScheme.affine
+    observer: ObserverKind = ObserverKind.minmax
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    keep_fp32: KeepFp32Config = field(default_factory=KeepFp32Config)
+    qat: QatConfig = field(default_factory=QatConfig)
+    # Fail the build when the program's SQNR against fp32 eager falls below this (dB).
+    min_sqnr_db: float | None = None
 
 
 @dataclass
@@ -140,6 +203,7 @@ class MemoryConfig:
 class StageName(Enum):
     model = "model"
     export = "export"
+    quantize = "quantize"
     lower = "lower"
     out_variant = "out_variant"
     plan = "plan"

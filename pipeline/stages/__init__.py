@@ -1,11 +1,12 @@
 """The pipeline's stages, in the order they run (DESIGN.md's data flow)."""
 
 from ..runner import Stage
-from . import emit, export, lower, model, out_variant, plan, reference, report, select
+from . import emit, export, lower, model, out_variant, plan, quantize, reference, report, select
 
 STAGES: list[Stage] = [
     Stage("model", model.run),
     Stage("export", export.run),
+    Stage("quantize", quantize.run),
     Stage("lower", lower.run),
     Stage("out_variant", out_variant.run),
     Stage("plan", plan.run),

@@ -114,6 +114,11 @@ def run(ctx: Context) -> None:
     g = graph_from_exported(ep)
     before = len(g.call_nodes())
     noops = passes.drop_noops(g)
+    int8_kernels = 0
+    if any(getattr(n.target, "namespace", "") == "quantized_decomposed" for n in g.call_nodes()):
+        from ..quant.lowering import lower_quantized  # imports torchao: only when quantized
+
+        int8_kernels = lower_quantized(g)
     passes.wrap_scalar_tensor_args(g)
     folded_bn, rewritten_bn = passes.fold_batchnorm(g)
     folded = passes.fold_constants(g)
@@ -127,4 +132,5 @@ def run(ctx: Context) -> None:
         bn_folded=folded_bn + rewritten_bn,
         const_folded=folded,
         noops_dropped=noops,
+        int8_kernels=int8_kernels,
     )

@@ -1,0 +1,309 @@
+"""Lower quantize/dequantize patterns to the int8 kernels of ``etb_quantized``.
+
+After PT2E convert and core-ATen decomposition a quantized layer reads
+
+    dequantize(x_q) -> convolution(., dequantize(w_q)) [-> relu | hardtanh] -> quantize
+
+This pass replaces each such pattern with one int8 kernel (convolution, linear, add, mean,
+max pooling, shape ops), folds ReLU/ReLU6 into the output clamp, and turns the
+quantize/dequantize that remain into ``etb_quantized`` kernels. It runs before batch-norm
+and constant folding, which must not fold int8 weights back to fp32.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torchao.quantization.pt2e  # noqa: F401  (registers the quantized_decomposed ops)
+from torch import fx
+
+from ..graph import Graph
+from . import ops as qops
+
+aten = torch.ops.aten
+qd = torch.ops.quantized_decomposed
+E = qops.ops
+
+INT8_MIN, INT8_MAX = -128, 127
+_SHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.permute.default,
+              aten.clone.default, aten.squeeze.dims, aten.unsqueeze.default}  # fmt: skip
+
+
+def _is(node: object, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _dequant(node: object) -> tuple[fx.Node, float, int] | None:
+    """(int8 source, scale, zero point) when ``node`` dequantizes an int8 activation."""
+    if _is(node, qd.dequantize_per_tensor.default) and node.args[5] == torch.int8:
+        return node.args[0], float(node.args[1]), int(node.args[2])
+    return None
+
+
+def _sole_user(node: fx.Node, *targets) -> fx.Node | None:
+    if len(node.users) == 1:
+        (user,) = node.users
+        if _is(user, *targets):
+            return user
+    return None
+
+
+def _quant_user(node: fx.Node) -> tuple[fx.Node, float, int, int, int] | None:
+    """(quantize node, scale, zero point, qmin, qmax) when ``node`` feeds one int8 quantize."""
+    q = _sole_user(node, qd.quantize_per_tensor.default)
+    if q is None or q.args[5] != torch.int8:
+        return None
+    return q, float(q.args[1]), int(q.args[2]), int(q.args[3]), int(q.args[4])
+
+
+def _through_views(node: object) -> tuple[fx.Node, list[fx.Node]]:
+    """Walk back through shape ops; returns (source, views outermost-last)."""
+    views: list[fx.Node] = []
+    while _is(node, aten.view.default, aten._unsafe_view.default) and len(node.users) == 1:
+        views.append(node)
+        node = node.args[0]
+    return node, list(reversed(views))
+
+
+class _Lowering:
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.count = 0
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def weight(self, node: object, out_channels: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(int8 weight, fp32 scale per output channel) of a dequantized constant weight."""
+        if _is(node, qd.dequantize_per_channel.default):
+            src, scales, _zps, axis = node.args[:4]
+            if axis != 0 or not (self.g.is_const(src) and self.g.is_const(scales)):
+                return None
+            return self.g.const(src), self.g.const(scales).to(torch.float32)
+        if _is(node, qd.dequantize_per_tensor.default) and self.g.is_const(node.args[0]):
+            if int(node.args[2]) != 0:
+                return None
+            scale = torch.full((out_channels,), float(node.args[1]), dtype=torch.float32)
+            return self.g.const(node.args[0]), scale
+        return None
+
+    def clamp_bounds(self, act: fx.Node | None, scale: float, zp: int, lo: int, hi: int):
+        """Output clamp for a fused ReLU / ReLU6 / hardtanh (monotonic, so exact)."""
+        if act is None:
+            return lo, hi
+        if _is(act, aten.relu.default):
+            return max(lo, zp), hi
+        min_val = act.args[1] if len(act.args) > 1 else -1.0  # hardtanh's defaults
+        max_val = act.args[2] if len(act.args) > 2 else 1.0
+        return (
+            max(lo, zp + round(float(min_val) / scale)),
+            min(hi, zp + round(float(max_val) / scale)),
+        )
+
+    def replace(self, old: fx.Node, target, args: tuple) -> fx.Node:
+        """Insert ``target(*args)`` before ``old`` and route ``old``'s users to it."""
+        with self.g.fx_graph.inserting_before(old):
+            new = self.g.fx_graph.call_function(target, args)
+        new.meta = dict(old.meta)
+        fake = old.meta.get("val")
+        if isinstance(fake, torch.Tensor):
+            new.meta["val"] = fake  # same shape; dtype set by the caller's pattern
+        old.replace_all_uses_with(new)
+        self.count += 1
+        return new
+
+    def with_views(self, source: fx.Node, views: list[fx.Node]) -> fx.Node:
+        """Re-apply ``views`` (fp32 view nodes) on ``source``, an int8 or fp32 tensor."""
+        node = source
+        for v in views:
+            with self.g.fx_graph.inserting_before(v):
+                node = self.g.fx_graph.call_function(v.target, (node, *v.args[1:]))
+            node.meta = dict(v.meta)
+            src_val = source.meta.get("val")
+            if isinstance(src_val, torch.Tensor):
+                node.meta["val"] = v.meta["val"].to(src_val.dtype)
+        return node
+
+    def activation_tail(self, node: fx.Node) -> fx.Node | None:
+        return _sole_user(node, aten.relu.default, aten.hardtanh.default)
+
+    # -- patterns ----------------------------------------------------------------------
+
+    def conv(self, n: fx.Node) -> None:
+        x, w, b, stride, padding, dilation, transposed, _op, groups = n.args
+        xq = _dequant(x)
+        if transposed or xq is None or not (b is None or self.g.is_const(b)):
+            return
+        out_channels = n.meta["val"].shape[1]
+        wq = self.weight(w, out_channels)
+        if wq is None or len(n.meta["val"].shape) != 4:
+            return
+        act = self.activation_tail(n)
+        q = _quant_user(act or n)
+        if q is None:
+            return
+        qnode, os_, ozp, qmin, qmax = q
+        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        src, xs, xzp = xq
+        weight, scales = wq
+        bias = self.fp32_bias(b, n)
+        args = (src, xs, xzp, self.g.add_const(weight, f"{n.name}_wq"),
+                self.g.add_const(scales, f"{n.name}_wscale"), bias, list(stride), list(padding),
+                list(dilation), groups, os_, ozp, lo, hi)  # fmt: skip
+        self.replace(qnode, E.conv2d.default, args)
+
+    def fp32_bias(self, b: fx.Node | None, n: fx.Node) -> fx.Node | None:
+        if b is None:
+            return None
+        return self.g.add_const(self.g.const(b).to(torch.float32), f"{n.name}_bias")
+
+    def linear(self, n: fx.Node) -> None:
+        if n.target == aten.addmm.default:
+            if n.kwargs or len(n.args) != 3:
+                return
+            b, x, wt = n.args
+            if not self.g.is_const(b):
+                return
+        else:
+            (x, wt), b = n.args, None
+        if not _is(wt, aten.permute.default) or list(wt.args[1]) != [1, 0]:
+            return
+        out_features = n.meta["val"].shape[-1]
+        wq = self.weight(wt.args[0], out_features)
+        if wq is None:
+            return
+        source, views = _through_views(x)
+        if self.dynamic_linear(n, source, views, wq, b):
+            return
+        xq = _dequant(source)
+        if xq is None:
+            return
+        act = self.activation_tail(n)
+        q = _quant_user(act or n)
+        if q is None:
+            return
+        qnode, os_, ozp, qmin, qmax = q
+        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        src, xs, xzp = xq
+        weight, scales = wq
+        src = self.with_views(src, views)
+        args = (src, xs, xzp, self.g.add_const(weight, f"{n.name}_wq"),
+                self.g.add_const(scales, f"{n.name}_wscale"), self.fp32_bias(b, n),
+                os_, ozp, lo, hi)  # fmt: skip
+        self.replace(qnode, E.linear.default, args)
+
+    def dynamic_linear(self, n, source, views, wq, b) -> bool:
+        """choose_qparams -> quantize -> dequantize -> linear, on an fp32 input."""
+        if not _is(source, qd.dequantize_per_tensor.tensor):
+            return False
+        q = source.args[0]
+        if not _is(q, qd.quantize_per_tensor.tensor):
+            return False
+        x = q.args[0]
+        weight, scales = wq
+        src = self.with_views(x, views)
+        bias = self.fp32_bias(b, n)
+        args = (src, self.g.add_const(weight, f"{n.name}_wq"),
+                self.g.add_const(scales, f"{n.name}_wscale"), bias)  # fmt: skip
+        self.replace(n, E.dynamic_linear.default, args)
+        return True
+
+    def add(self, n: fx.Node) -> None:
+        if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
+            return
+        a, b = (_dequant(x) for x in n.args)
+        if a is None or b is None:
+            return
+        act = self.activation_tail(n)
+        q = _quant_user(act or n)
+        if q is None:
+            return
+        qnode, os_, ozp, qmin, qmax = q
+        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        args = (a[0], a[1], a[2], b[0], b[1], b[2], os_, ozp, lo, hi)
+        self.replace(qnode, E.add.default, args)
+
+    def mean(self, n: fx.Node) -> None:
+        xq = _dequant(n.args[0])
+        q = _quant_user(n)
+        if xq is None or q is None or n.kwargs.get("dtype") is not None:
+            return
+        dims = [d % n.args[0].meta["val"].dim() for d in n.args[1]]
+        keepdim = bool(n.args[2]) if len(n.args) > 2 else bool(n.kwargs.get("keepdim", False))
+        qnode, os_, ozp, _qmin, _qmax = q
+        self.replace(qnode, E.mean.default, (xq[0], xq[1], xq[2], dims, keepdim, os_, ozp))
+
+    def max_pool(self, n: fx.Node) -> None:
+        xq = _dequant(n.args[0])
+        if xq is None or set(u.args[1] for u in n.users if _is(u, operator.getitem)) != {0}:
+            return
+        (item,) = n.users
+        q = _quant_user(item)
+        if q is None or (q[1], q[2]) != (xq[1], xq[2]):
+            return
+        kernel = list(n.args[1])
+        stride = list(n.args[2]) if len(n.args) > 2 and n.args[2] else kernel
+        padding = list(n.args[3]) if len(n.args) > 3 else [0, 0]
+        dilation = list(n.args[4]) if len(n.args) > 4 else [1, 1]
+        ceil = bool(n.args[5]) if len(n.args) > 5 else False
+        self.replace(q[0], E.max_pool2d.default, (xq[0], kernel, stride, padding, dilation, ceil))
+
+    def shape_op(self, n: fx.Node) -> None:
+        """A view/permute/clone between dequantize and an identical quantize runs on int8."""
+        xq = _dequant(n.args[0])
+        q = _quant_user(n)
+        if xq is None or q is None or (q[1], q[2]) != (xq[1], xq[2]):
+            return
+        new = self.replace(q[0], n.target, (xq[0], *n.args[1:]))
+        new.kwargs = dict(n.kwargs)
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        dispatch = {
+            aten.convolution.default: self.conv,
+            aten.addmm.default: self.linear,
+            aten.mm.default: self.linear,
+            aten.add.Tensor: self.add,
+            aten.mean.dim: self.mean,
+            aten.max_pool2d_with_indices.default: self.max_pool,
+        }
+        for node in self.g.call_nodes():
+            if getattr(node, "_erased", False):
+                continue  # removed by an earlier pattern
+            handler = dispatch.get(node.target)
+            if handler is None and node.target in _SHAPE_OPS:
+                handler = self.shape_op
+            if handler is not None:
+                handler(node)
+                self.g.drop_dead()
+        self.cancel_pairs()
+        self.remaining_qdq()
+        self.g.drop_dead()
+        return self.count
+
+    def cancel_pairs(self) -> None:
+        """quantize(dequantize(x)) with the same parameters is x."""
+        for q in self.g.call_nodes():
+            if not _is(q, qd.quantize_per_tensor.default):
+                continue
+            dq = _dequant(q.args[0])
+            if dq is not None and (dq[1], dq[2]) == (float(q.args[1]), int(q.args[2])):
+                q.replace_all_uses_with(dq[0])
+
+    def remaining_qdq(self) -> None:
+        """Quantize/dequantize that remain run as etb_quantized kernels."""
+        for n in self.g.call_nodes():
+            if not n.users:
+                continue
+            if _is(n, qd.quantize_per_tensor.default) and n.args[5] == torch.int8:
+                x, s, zp, lo, hi = n.args[:5]
+                self.replace(n, E.quantize_per_tensor.default, (x, float(s), int(zp), lo, hi))
+            elif _dequant(n) is not None and not self.g.is_const(n.args[0]):
+                x, s, zp = _dequant(n)
+                self.replace(n, E.dequantize_per_tensor.default, (x, s, zp))
+
+
+def lower_quantized(g: Graph) -> int:
+    """Fuse every quantized pattern in ``g``; returns how many kernels were created."""
+    return _Lowering(g).run()

@@ -1,0 +1,195 @@
+"""The int8 operators (namespace ``etb_quantized``) and their reference semantics.
+
+Each op is defined here with torch.library: a functional form and its ``.out`` form, a Python
+reference implementation (the specification the C++ kernels must match) and a fake
+implementation for shape propagation. ``ops_yaml/quantized.yaml`` lists the same ``.out``
+schemas for the runtime.
+
+Arithmetic shared by all of them (float32 throughout, rounding half to even):
+  - int8 activations carry (scale, zero_point); int8 weights are symmetric with one scale per
+    output channel (a per-tensor weight scale is given as one scale repeated);
+  - quantizing multiplies by inv = float32(1 / scale) (computed in double), as torchao does;
+  - convolution and linear accumulate (x - x_zp) * w exactly in int32, then requantize:
+        y = float32(acc) * (float32(x_scale) * w_scale[c]) + bias[c]      (bias fp32)
+        q = clamp(round(y * inv_out) + out_zp, out_min, out_max)
+    a fused ReLU/ReLU6 is just the clamp bounds out_min/out_max. This is the converted
+    model's dequantize -> fp32 op -> quantize with the products summed exactly, so results
+    agree with it except where float rounding lands on a tie;
+  - add dequantizes both inputs in float32, adds and quantizes; mean sums (x - x_zp) exactly
+    in int32, scales by float32(x_scale) / count and quantizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAMESPACE = "etb_quantized"
+_lib = torch.library.Library(NAMESPACE, "DEF")
+
+# name -> functional schema arguments (the .out form appends "*, Tensor(a!) out").
+SCHEMAS: dict[str, str] = {
+    "quantize_per_tensor": "Tensor input, float scale, int zero_point, int quant_min, "
+    "int quant_max",
+    "dequantize_per_tensor": "Tensor input, float scale, int zero_point",
+    "conv2d": "Tensor input, float input_scale, int input_zero_point, Tensor weight, "
+    "Tensor weight_scales, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+    "int groups, float output_scale, int output_zero_point, int output_min, int output_max",
+    "linear": "Tensor input, float input_scale, int input_zero_point, Tensor weight, "
+    "Tensor weight_scales, Tensor? bias, float output_scale, int output_zero_point, "
+    "int output_min, int output_max",
+    "dynamic_linear": "Tensor input, Tensor weight, Tensor weight_scales, Tensor? bias",
+    "add": "Tensor self, float self_scale, int self_zero_point, Tensor other, "
+    "float other_scale, int other_zero_point, float output_scale, int output_zero_point, "
+    "int output_min, int output_max",
+    "mean": "Tensor input, float input_scale, int input_zero_point, int[] dim, bool keepdim, "
+    "float output_scale, int output_zero_point",
+    "max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, "
+    "int[] dilation, bool ceil_mode",
+}
+
+
+def _f32(x: float) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def _inv(scale: float) -> torch.Tensor:
+    return torch.tensor(1.0 / scale, dtype=torch.float32)
+
+
+def quantize_per_tensor(x, scale, zero_point, quant_min, quant_max):
+    q = torch.round(x.to(torch.float32) * _inv(scale)) + zero_point
+    return q.clamp(quant_min, quant_max).to(torch.int8)
+
+
+def dequantize_per_tensor(x, scale, zero_point):
+    return (x.to(torch.int32) - zero_point).to(torch.float32) * _f32(scale)
+
+
+def requantize(acc, x_scale, w_scales, bias, out_scale, out_zp, out_min, out_max, channel_dim):
+    """int32 accumulators -> int8 (see the module docstring)."""
+    shape = [1] * acc.dim()
+    shape[channel_dim] = -1
+    y = acc.to(torch.float32) * (_f32(x_scale) * w_scales.to(torch.float32)).reshape(shape)
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(shape)
+    q = torch.round(y * _inv(out_scale)) + out_zp
+    return q.clamp(out_min, out_max).to(torch.int8)
+
+
+def conv2d(x, xs, xzp, w, ws, bias, stride, padding, dilation, groups, os_, ozp, omin, omax):
+    # float64 holds every int8 x int8 sum exactly, so this is the exact int32 accumulator.
+    acc = F.conv2d(
+        x.to(torch.float64) - xzp, w.to(torch.float64), None, stride, padding, dilation, groups
+    ).to(torch.int32)
+    return requantize(acc, xs, ws, bias, os_, ozp, omin, omax, channel_dim=1)
+
+
+def linear(x, xs, xzp, w, ws, bias, os_, ozp, omin, omax):
+    acc = F.linear(x.to(torch.float64) - xzp, w.to(torch.float64)).to(torch.int32)
+    return requantize(acc, xs, ws, bias, os_, ozp, omin, omax, channel_dim=-1)
+
+
+def dynamic_linear(x, w, ws, bias):
+    """fp32 in, fp32 out: the input is quantized per tensor (asymmetric int8) at run time."""
+    lo = torch.clamp(x.min(), max=0.0).to(torch.float32)
+    hi = torch.clamp(x.max(), min=0.0).to(torch.float32)
+    scale = torch.clamp((hi - lo) / 255.0, min=torch.finfo(torch.float32).eps)
+    zp = int(torch.clamp(-128 - torch.round(lo / scale), -128, 127))
+    xq = torch.clamp(torch.round(x / scale) + zp, -128, 127)
+    acc = F.linear(xq.to(torch.float64) - zp, w.to(torch.float64)).to(torch.int32)
+    out = acc.to(torch.float32) * (scale * ws.to(torch.float32))
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def add(a, as_, azp, b, bs, bzp, os_, ozp, omin, omax):
+    y = dequantize_per_tensor(a, as_, azp) + dequantize_per_tensor(b, bs, bzp)
+    return (torch.round(y * _inv(os_)) + ozp).clamp(omin, omax).to(torch.int8)
+
+
+def mean(x, xs, xzp, dim, keepdim, os_, ozp):
+    acc = (x.to(torch.int32) - xzp).sum(dim=dim, keepdim=keepdim, dtype=torch.int32)
+    count = 1
+    for d in dim:
+        count *= x.shape[d]
+    y = acc.to(torch.float32) * _f32(xs) / count
+    return (torch.round(y * _inv(os_)) + ozp).clamp(-128, 127).to(torch.int8)
+
+
+def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    y = F.max_pool2d(x.to(torch.float32), kernel_size, stride or kernel_size, padding, dilation,
+                     ceil_mode=ceil_mode)  # fmt: skip
+    return y.to(torch.int8)
+
+
+REFERENCE = {
+    "quantize_per_tensor": quantize_per_tensor,
+    "dequantize_per_tensor": dequantize_per_tensor,
+    "conv2d": conv2d,
+    "linear": linear,
+    "dynamic_linear": dynamic_linear,
+    "add": add,
+    "mean": mean,
+    "max_pool2d": max_pool2d,
+}
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=torch.float32, device="meta")
+
+
+# Output shape and dtype of each op, for fake (shape-only) tensors.
+def _fake_conv2d(x, xs, xzp, w, ws, bias, stride, padding, dilation, groups, *_):
+    shape = F.conv2d(_meta(x), _meta(w), None, stride, padding, dilation, groups).shape
+    return x.new_empty(shape, dtype=torch.int8)
+
+
+def _fake_mean(x, xs, xzp, dim, keepdim, *_):
+    return x.new_empty(_meta(x).sum(dim=dim, keepdim=keepdim).shape, dtype=torch.int8)
+
+
+def _fake_max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    shape = F.max_pool2d(
+        _meta(x), kernel_size, stride or kernel_size, padding, dilation, ceil_mode=ceil_mode
+    ).shape
+    return x.new_empty(shape, dtype=torch.int8)
+
+
+FAKE = {
+    "quantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.int8),
+    "dequantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.float32),
+    "conv2d": _fake_conv2d,
+    "linear": lambda x, xs, xzp, w, *_: x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.int8),
+    "dynamic_linear": lambda x, w, *_: x.new_empty((*x.shape[:-1], w.shape[0])),
+    "add": lambda a, as_, azp, b, *_: a.new_empty(
+        torch.broadcast_shapes(a.shape, b.shape), dtype=torch.int8
+    ),
+    "mean": _fake_mean,
+    "max_pool2d": _fake_max_pool2d,
+}
+
+
+def _register() -> None:
+    for name, args in SCHEMAS.items():
+        _lib.define(f"{name}({args}) -> Tensor")
+        _lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
+        ref = REFERENCE[name]
+
+        def functional(*args, _ref=ref):
+            return _ref(*args)
+
+        def out_variant(*args, out, _ref=ref):
+            result = _ref(*args)
+            out.resize_(result.shape)
+            return out.copy_(result)
+
+        _lib.impl(name, functional, "CompositeExplicitAutograd")
+        _lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", FAKE[name], lib=_lib)
+
+
+_register()
+
+ops = getattr(torch.ops, NAMESPACE)

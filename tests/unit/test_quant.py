@@ -1,0 +1,205 @@
+"""Quantization: etbuild's quantizer and the lowering of quantized patterns to int8 kernels.
+
+The lowered graph runs the int8 kernels' reference implementations (pipeline/quant/ops.py);
+it must agree with torchao's converted model (dequantize -> fp32 op -> quantize).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+pytest.importorskip("torchao")
+
+from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import (  # noqa: E402
+    convert_pt2e,
+    prepare_pt2e,
+    prepare_qat_pt2e,
+)
+
+from etbuild.pipeline import passes  # noqa: E402
+from etbuild.pipeline.config import QuantConfig, QuantScheme  # noqa: E402
+from etbuild.pipeline.errors import EtbuildError  # noqa: E402
+from etbuild.pipeline.graph import Graph  # noqa: E402
+from etbuild.pipeline.quant import ops as qops  # noqa: E402
+from etbuild.pipeline.quant.lowering import lower_quantized  # noqa: E402
+from etbuild.pipeline.quant.quantizer import EtbQuantizer  # noqa: E402
+from etbuild.pipeline.stages.lower import graph_from_exported  # noqa: E402
+
+
+def qconfig(scheme: str = "ptq", **overrides) -> object:
+    cfg = OmegaConf.structured(QuantConfig(scheme=QuantScheme(scheme)))
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def quantize(model: torch.nn.Module, x: torch.Tensor, cfg, batches: int = 4):
+    """torchao's converted model, and our lowered graph of it."""
+    torch.manual_seed(1)
+    graph = torch.export.export(model, (x,)).module()
+    quantizer = EtbQuantizer(cfg)
+    qat = cfg.scheme == QuantScheme.qat
+    prepared = prepare_qat_pt2e(graph, quantizer) if qat else prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for _ in range(batches):
+            prepared(torch.randn_like(x))
+    if qat:
+        move_exported_model_to_eval(prepared)
+    converted = convert_pt2e(prepared)
+    g = graph_from_exported(torch.export.export(converted, (x,)).run_decompositions())
+    passes.drop_noops(g)
+    lower_quantized(g)
+    passes.fold_constants(g)
+    g.drop_dead()
+    return converted, g
+
+
+class _Contiguous(torch.fx.Interpreter):
+    """Runs a lowered graph as the runtime would: every tensor contiguous."""
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
+def run_graph(g: Graph, *inputs: torch.Tensor) -> torch.Tensor:
+    it = iter(inputs)
+    args = [
+        g.constants[n.name] if n.name in g.constants else next(it)
+        for n in g.fx_graph.nodes
+        if n.op == "placeholder"
+    ]
+    gm = torch.fx.GraphModule(torch.nn.Module(), g.fx_graph)
+    out = _Contiguous(gm).run(*args)
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def targets(g: Graph) -> list[str]:
+    return [str(n.target) for n in g.call_nodes()]
+
+
+def output_scale(g: Graph) -> float:
+    (dq,) = [n for n in g.call_nodes() if n.target == qops.ops.dequantize_per_tensor.default]
+    return dq.args[1]
+
+
+class Pattern(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        groups = 8 if kind == "depthwise" else 1
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=groups)
+        self.conv2 = torch.nn.Conv2d(8, 8, 1, stride=2, bias=False)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.kind == "relu6":
+            y = F.relu6(y)
+        elif self.kind == "relu":
+            y = F.relu(y)
+        elif self.kind == "add":
+            y = F.relu(y + x)
+        elif self.kind == "mean":
+            y = y.mean((2, 3))
+        elif self.kind == "maxpool":
+            y = F.max_pool2d(y, 2)
+        elif self.kind == "two":
+            y = self.conv2(F.relu6(y))
+        return y
+
+
+@pytest.mark.parametrize(
+    "kind", ["plain", "depthwise", "relu6", "relu", "add", "mean", "maxpool", "two"]
+)
+def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
+    torch.manual_seed(0)
+    model = Pattern(kind).eval()
+    x = torch.randn(1, 8, 12, 12)
+    converted, g = quantize(model, x, qconfig())
+    names = targets(g)
+    # Everything between the input quantize and the output dequantize is an int8 kernel.
+    assert names[0] == "etb_quantized.quantize_per_tensor.default"
+    assert names[-1] == "etb_quantized.dequantize_per_tensor.default"
+    assert "aten.convolution.default" not in names
+    assert not any("quantized_decomposed" in n for n in names)
+    ours, ref = run_graph(g, x), converted(x)
+    step = output_scale(g)
+    assert (ours - ref).abs().max() <= step * 1.0001
+    assert ref.std() > 10 * step  # the comparison is not vacuous
+
+
+class Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("weights", ["per_channel", "per_tensor"])
+@pytest.mark.parametrize("activations", ["affine", "symmetric"])
+def test_linear_schemes_match_torchao(weights: str, activations: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 32)
+    converted, g = quantize(Linear().eval(), x, qconfig(weights=weights, activations=activations))
+    assert targets(g).count("etb_quantized.linear.default") == 2
+    ours, ref = run_graph(g, x), converted(x)
+    assert (ours - ref).abs().max() <= output_scale(g) * 1.0001
+
+
+def test_dynamic_linear_keeps_fp32_activations() -> None:
+    torch.manual_seed(0)
+    model = Linear().eval()
+    x = torch.randn(4, 32)
+    converted, g = quantize(model, x, qconfig("dynamic"), batches=1)
+    names = targets(g)
+    assert names.count("etb_quantized.dynamic_linear.default") == 2
+    assert "etb_quantized.quantize_per_tensor.default" not in names
+    ours, ref, eager = run_graph(g, x), converted(x), model(x)
+    assert torch.allclose(ours, ref, atol=1e-5)
+    sqnr = 10 * torch.log10(eager.pow(2).mean() / (ours - eager).pow(2).mean())
+    assert sqnr > 30
+
+
+def test_qat_converts_to_the_same_kernels() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 32)
+    converted, g = quantize(Linear().train(), x, qconfig("qat"))
+    assert targets(g).count("etb_quantized.linear.default") == 2
+    assert (run_graph(g, x) - converted(x)).abs().max() <= output_scale(g) * 1.0001
+
+
+def test_keep_fp32_by_module_name_and_op_type() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 32)
+    _, g = quantize(Linear().eval(), x, qconfig(**{"keep_fp32.modules": ["fc2"]}))
+    names = targets(g)
+    assert names.count("etb_quantized.linear.default") == 1
+    assert "aten.addmm.default" in names  # fc2 stays fp32
+    _, g = quantize(Pattern("add").eval(), torch.randn(1, 8, 8, 8),
+                    qconfig(**{"keep_fp32.ops": ["add"]}))  # fmt: skip
+    names = targets(g)
+    assert "etb_quantized.conv2d.default" in names
+    assert "etb_quantized.add.default" not in names and "aten.add.Tensor" in names
+
+
+def test_unknown_keep_fp32_op_type_names_the_allowed_ones() -> None:
+    with pytest.raises(
+        EtbuildError, match=r"unknown op type\(s\) \[.conv3d.\]; allowed: adaptive_avg_pool2d, add,"
+    ):
+        EtbQuantizer(qconfig(**{"keep_fp32.ops": ["conv3d"]}))
+
+
+def test_reference_requantization_rounds_half_to_even_and_clamps() -> None:
+    x = torch.tensor([[[[1]]], [[[3]]], [[[100]]]], dtype=torch.int8)  # three 1x1 images
+    w = torch.ones(1, 1, 1, 1, dtype=torch.int8)
+    scales = torch.tensor([0.5])
+    # y = x * 1.0 * 0.5 -> 0.5, 1.5, 50 ; out_scale 1 -> round half even: 0, 2, 50 -> clamp 20
+    out = qops.conv2d(x, 1.0, 0, w, scales, None, [1, 1], [0, 0], [1, 1], 1, 1.0, 0, -128, 20)
+    assert out.flatten().tolist() == [0, 2, 20]
