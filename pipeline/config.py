@@ -210,6 +210,7 @@ class StageName(Enum):
     emit = "emit"
     select = "select"
     reference = "reference"
+    verify = "verify"
     report = "report"
 
 
@@ -222,11 +223,23 @@ class EmitConfig:
 
 
 @dataclass
+class VerifyConfig:
+    """Running the program on the runtime against the eager model."""
+
+    enabled: bool = True
+    # fp32: max abs error allowed, as a fraction of max |eager output|.
+    tolerance: float = 1e-4
+    # Quantized: extra random inputs for SQNR and top-1 agreement.
+    eval_inputs: int = 8
+
+
+@dataclass
 class PipelineConfig:
     """How the stage runner runs. ``stop_after`` runs a prefix of the stages."""
 
     stop_after: StageName | None = None
     emit: EmitConfig = field(default_factory=EmitConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
 
 
 @dataclass
@@ -248,6 +261,8 @@ def register_configs() -> None:
 
 def _unknown_keys(node: object, path: str) -> Iterator[tuple[str, str, list[str]]]:
     """(full key, parent, allowed keys) for every key a typed node has beyond its schema."""
+    if isinstance(node, (DictConfig, ListConfig)) and node._is_missing():
+        return  # reported as missing by validate()
     if isinstance(node, ListConfig):
         for i, item in enumerate(node):
             yield from _unknown_keys(item, f"{path}[{i}]")
@@ -276,5 +291,11 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise EtbuildError(
             f"unknown setting {full!r}: {parent} has no such key; its settings are: "
             f"{', '.join(allowed)}"
+        )
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise EtbuildError(
+            f"these settings have no value: {', '.join(missing)}; set them on the command line "
+            "(e.g. model._target_=my_pkg.make_model) or in your config"
         )
     return cfg

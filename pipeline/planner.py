@@ -92,9 +92,14 @@ def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[li
             by_root[id(root)] = st
             order.append(st)
         st.members.append(v)
-        st.start = min(st.start, first.get(id(v), last.get(id(v), 0)))
-        st.end = max(st.end, last.get(id(v), first.get(id(v), 0)))
         st.pinned = st.pinned or v.is_input or v.is_output
+        if id(v) not in first and id(v) not in last:
+            continue  # a view nothing reads does not extend its storage's lifetime
+        st.start = min(st.start, first.get(id(v), last.get(id(v))))
+        st.end = max(st.end, last.get(id(v), first.get(id(v))))
+    for st in order:
+        if st.end < st.start:  # no member is ever read or written: give it an empty lifetime
+            st.start = st.end = 0
     owner = {id(m): st for st in order for m in st.members}
     reuses = 0
     if in_place:

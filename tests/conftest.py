@@ -3,7 +3,8 @@
 The tests run against the *installed* ``etbuild`` package (a non-editable install works the
 same as a checkout). Test-only models live in ``tests/models_for_tests.py``; this directory is
 put on ``sys.path`` (and on ``PYTHONPATH`` for CLI subprocesses) so a config can name them as
-``model._target_=models_for_tests.<name>``.
+``model._target_=models_for_tests.<name>``. Test modules import the helpers below with
+``from etbuild_test_support import ...``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+# Test modules import these helpers as ``etbuild_test_support``: pytest imports every
+# ``conftest.py`` outside a package as the module ``conftest`` (tests/runtime has one too), so
+# ``from conftest import ...`` would depend on collection order.
+sys.modules["etbuild_test_support"] = sys.modules[__name__]
+
 ARTIFACTS = (
     "model.pte",
     "manifest.json",
@@ -36,10 +42,11 @@ ZOO = ("mobilenet", "mobilenet_v3_small", "resnet18", "mlp", "transformer")
 @contextmanager
 def hydra_context() -> Iterator[None]:
     """Hydra's compose API over the packaged conf/ tree (schemas registered first)."""
-    from etbuild.pipeline.config import register_configs
-    from etbuild.pipeline.paths import CONF_DIR
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
+    from etbuild.pipeline.config import register_configs
+    from etbuild.pipeline.paths import CONF_DIR
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -58,7 +65,7 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 def custom_model_overrides(name: str, inputs: Sequence[tuple[str, Sequence[int]]]) -> list[str]:
     """Overrides that point ``model`` at ``models_for_tests.<name>`` with float inputs."""
     specs = ",".join(
-        "{name:%s,shape:[%s]}" % (n, ",".join(str(s) for s in shape)) for n, shape in inputs
+        "{name:" + n + ",shape:[" + ",".join(str(s) for s in shape) + "]}" for n, shape in inputs
     )
     return [
         "model=mlp",
@@ -70,21 +77,32 @@ def custom_model_overrides(name: str, inputs: Sequence[tuple[str, Sequence[int]]
     ]
 
 
-def build_in_process(
-    overrides: Sequence[str], run_dir: Path, log: list[str] | None = None
-):  # -> etbuild.pipeline.runner.Context
-    """Compose ``overrides`` and run the pipeline into ``run_dir``; returns the Context."""
-    from etbuild.pipeline.cli import check_supported
-    from etbuild.pipeline.runner import run_stages
-    from etbuild.pipeline.stages import STAGES
+def build_in_process(overrides: Sequence[str], run_dir: Path):
+    """Compose ``overrides`` and build into ``run_dir`` exactly as the command does
+    (``etbuild.pipeline.cli.build``); returns the runner's Context (artifacts in memory).
+
+    The Context is captured by wrapping ``runner.run_stages``, which ``build`` looks up when
+    it runs; a failing build raises as ``build`` does.
+    """
+    from etbuild.pipeline import cli, runner
 
     cfg = compose_config(overrides)
-    check_supported(cfg)
-    stop = cfg.pipeline.stop_after
-    sink = log.append if log is not None else (lambda _line: None)
-    return run_stages(
-        STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, log=sink
-    )
+    real = runner.run_stages
+    captured = []
+
+    def capture(*args, **kwargs):
+        kwargs.setdefault("log", lambda _line: None)
+        ctx = real(*args, **kwargs)
+        captured.append(ctx)
+        return ctx
+
+    runner.run_stages = capture
+    try:
+        cli.build(cfg, run_dir)
+    finally:
+        runner.run_stages = real
+    assert captured, "cli.build did not run the stages"
+    return captured[0]
 
 
 def cli_env() -> dict[str, str]:

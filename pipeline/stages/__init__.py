@@ -1,7 +1,19 @@
 """The pipeline's stages, in the order they run (DESIGN.md's data flow)."""
 
 from ..runner import Stage
-from . import emit, export, lower, model, out_variant, plan, quantize, reference, report, select
+from . import (
+    emit,
+    export,
+    lower,
+    model,
+    out_variant,
+    plan,
+    quantize,
+    reference,
+    report,
+    select,
+    verify,
+)
 
 STAGES: list[Stage] = [
     Stage("model", model.run),
@@ -13,5 +25,6 @@ STAGES: list[Stage] = [
     Stage("emit", emit.run),
     Stage("select", select.run),
     Stage("reference", reference.run),
+    Stage("verify", verify.run),
     Stage("report", report.run),
 ]

@@ -120,8 +120,10 @@ def run(ctx: Context) -> None:
 
         int8_kernels = lower_quantized(g)
     passes.wrap_scalar_tensor_args(g)
-    folded_bn, rewritten_bn = passes.fold_batchnorm(g)
+    # Fold constants first so a linear layer's transposed weight is a constant for BN folding.
     folded = passes.fold_constants(g)
+    folded_bn, rewritten_bn = passes.fold_batchnorm(g)
+    folded += passes.fold_constants(g)
     noops += passes.drop_noops(g)
     g.drop_dead()
     ctx.note_read("ops_yaml", ops_yaml_digest())

@@ -23,8 +23,8 @@ def render(ctx: Context) -> str:
         f"- partitioner: {cfg.partitioner.name}",
         "- inputs: "
         + ", ".join(
-            f"{v.name} {list(v.shape)} {str(v.dtype).removeprefix('torch.')}"
-            for v in program.inputs
+            f"{spec.name} {list(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+            for spec, v in zip(cfg.model.inputs, program.inputs, strict=False)
         ),
         "",
         "## Program (model.pte)",
@@ -61,6 +61,10 @@ def render(ctx: Context) -> str:
     for key, info in a["selection"].items():
         dtypes = "; ".join(f"{arg}: {'/'.join(d)}" for arg, d in info["dtypes"].items())
         lines.append(f"| `{key}` | {info['count']} | {dtypes} |")
+    verify = a.get("verify")
+    if verify:
+        lines += ["", "## Verification on the etbuild runtime", "", "| what | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in verify.items()]
     lines += ["", "## Stage times", "", "| stage | seconds | summary |", "|---|---|---|"]
     for rec in ctx.records[:-1]:
         summary = ", ".join(f"{k}={v}" for k, v in rec.summary.items())

@@ -11,7 +11,12 @@ Error Tensor::resize(Span<const int64_t> new_sizes) {
                 int(new_sizes.size()));
   bool same = true;
   for (int i = 0; i < dim_; ++i) same = same && new_sizes[i] == sizes_[i];
-  if (same) return Error::Ok;
+  if (same) {
+    if (nbytes() > capacity_bytes_)
+      return fail(Error::InvalidArgument, "tensor of sizes %s has no memory (%zu bytes)",
+                  format_sizes(sizes(), a, sizeof(a)), capacity_bytes_);
+    return Error::Ok;
+  }
   if (dynamism_ == ShapeDynamism::Static)
     return fail(Error::InvalidArgument, "cannot resize static tensor of sizes %s to %s",
                 format_sizes(sizes(), a, sizeof(a)), format_sizes(new_sizes, b, sizeof(b)));

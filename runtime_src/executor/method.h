@@ -88,6 +88,8 @@ class Method {
   const int32_t* outputs_ = nullptr;
   size_t num_outputs_ = 0;
   bool* input_set_ = nullptr;
+  const int64_t** input_bounds_ = nullptr;
+  bool* input_planned_ = nullptr;  // per input: has planned memory (else bound to caller data)  // per input: the program's (upper-bound) sizes
   Instr* instrs_ = nullptr;
   size_t num_instrs_ = 0;
   KernelFn* kernels_ = nullptr;

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from torch import Tensor, nn
+
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.zoo import (
     mlp,
@@ -16,7 +18,6 @@ from etbuild.pipeline.zoo import (
     resnet18,
     transformer,
 )
-from torch import Tensor, nn
 
 Inputs = tuple[Tensor, ...]
 

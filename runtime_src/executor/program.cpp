@@ -1,0 +1,328 @@
+#include "executor/program.h"
+
+#include <cstring>
+
+#include "executor/method.h"
+#include "program_generated.h"
+
+namespace fb = etbuild::schema;
+
+namespace etb {
+namespace {
+
+constexpr size_t kHeaderOffset = 8;
+constexpr size_t kMinHeaderLength = 24;
+
+uint32_t read_u32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+uint64_t read_u64(const uint8_t* p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+bool is_aligned(const void* p, size_t align) {
+  return (reinterpret_cast<uintptr_t>(p) & (align - 1)) == 0;
+}
+
+}  // namespace
+
+Result<Program> Program::load(const DataLoader* loader) {
+  const size_t file_size = loader->size();
+  if (file_size < kHeaderOffset + 4)
+    return fail(Error::InvalidProgram, "program is %zu bytes: too small to be a program",
+                file_size);
+  ETB_ASSIGN_OR_RETURN(const uint8_t* head,
+                       loader->load(0, file_size < 64 ? file_size : size_t(64)));
+  if (memcmp(head + 4, fb::ProgramIdentifier(), 4) != 0)
+    return fail(Error::InvalidProgram,
+                "not a program file: identifier '%.4s' at byte 4, expected 'ET12'",
+                reinterpret_cast<const char*>(head + 4));
+  size_t program_size = file_size;
+  size_t segment_base = file_size;
+  size_t segment_size = 0;
+  if (file_size >= kHeaderOffset + kMinHeaderLength &&
+      memcmp(head + kHeaderOffset, "eh00", 4) == 0) {
+    const uint8_t* h = head + kHeaderOffset;
+    uint32_t length = read_u32(h + 4);
+    if (length < kMinHeaderLength || length > 56)
+      return fail(Error::InvalidProgram, "extended header length %u is invalid", length);
+    uint64_t psize = read_u64(h + 8);
+    uint64_t sbase = read_u64(h + 16);
+    if (psize < kHeaderOffset + length || psize > file_size)
+      return fail(Error::InvalidProgram,
+                  "extended header: program size %llu does not fit the %zu-byte file",
+                  (unsigned long long)psize, file_size);
+    program_size = size_t(psize);
+    uint64_t ssize = 0;
+    if (length >= 32 && file_size >= kHeaderOffset + 32) {
+      ssize = read_u64(h + 24);
+    } else if (sbase <= file_size) {
+      ssize = file_size - sbase;
+    }
+    if (sbase != 0 || ssize != 0) {
+      if (sbase < psize || sbase > file_size || ssize > file_size - sbase)
+        return fail(Error::InvalidProgram,
+                    "extended header: segments [%llu, +%llu) do not fit the %zu-byte file "
+                    "after the %zu-byte program",
+                    (unsigned long long)sbase, (unsigned long long)ssize, file_size,
+                    program_size);
+      segment_base = size_t(sbase);
+      segment_size = size_t(ssize);
+    }
+  }
+  ETB_ASSIGN_OR_RETURN(const uint8_t* data, loader->load(0, program_size));
+  if (!is_aligned(data, 16))
+    return fail(Error::NotSupported, "program data must be 16-byte aligned");
+
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = 64;
+  opts.max_tables = 100000000;
+  opts.check_alignment = true;
+  flatbuffers::Verifier verifier(data, program_size, opts);
+  if (!fb::VerifyProgramBuffer(verifier))
+    return fail(Error::InvalidProgram, "program flatbuffer failed verification (corrupt file)");
+  const fb::Program* program = fb::GetProgram(data);
+
+  const uint8_t* segment_ptr = nullptr;
+  if (segment_size > 0) {
+    ETB_ASSIGN_OR_RETURN(segment_ptr, loader->load(segment_base, segment_size));
+  }
+  if (program->segments() != nullptr) {
+    for (size_t i = 0; i < program->segments()->size(); ++i) {
+      const fb::DataSegment* s = program->segments()->Get(flatbuffers::uoffset_t(i));
+      uint64_t off = s->offset(), sz = s->size();
+      if (off > segment_size || sz > segment_size - off)
+        return fail(Error::InvalidProgram,
+                    "segment %zu [%llu, +%llu) lies outside the %zu bytes of segment data", i,
+                    (unsigned long long)off, (unsigned long long)sz, segment_size);
+    }
+  }
+  if (program->execution_plan() == nullptr || program->execution_plan()->size() == 0)
+    return fail(Error::InvalidProgram, "program has no methods");
+  return Program(loader, program, segment_ptr, segment_size);
+}
+
+size_t Program::num_methods() const { return program_->execution_plan()->size(); }
+
+Result<const char*> Program::method_name(size_t i) const {
+  if (i >= num_methods())
+    return fail(Error::OutOfBounds, "method %zu: program has %zu methods", i, num_methods());
+  const fb::ExecutionPlan* plan = program_->execution_plan()->Get(flatbuffers::uoffset_t(i));
+  if (plan->name() == nullptr) return fail(Error::InvalidProgram, "method %zu has no name", i);
+  return plan->name()->c_str();
+}
+
+namespace {
+
+// The verifier accepts a union whose type is set but whose value is absent; reject those
+// once here so later code can dereference every union member it switches on.
+Error check_unions(const fb::ExecutionPlan* plan) {
+  if (plan->values()) {
+    size_t i = 0;
+    for (const fb::EValue* v : *plan->values()) {
+      if (v->val_type() != fb::KernelTypes_NONE && v->val() == nullptr)
+        return fail(Error::InvalidProgram, "value %zu has a type but no content", i);
+      ++i;
+    }
+  }
+  if (plan->chains()) {
+    for (const fb::Chain* c : *plan->chains()) {
+      if (!c->instructions()) continue;
+      size_t i = 0;
+      for (const fb::Instruction* in : *c->instructions()) {
+        if (in->instr_args() == nullptr)
+          return fail(Error::InvalidProgram, "instruction %zu has no arguments table", i);
+        ++i;
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+}  // namespace
+
+Result<const fb::ExecutionPlan*> Program::find_plan(const char* name) const {
+  for (size_t i = 0; i < num_methods(); ++i) {
+    const fb::ExecutionPlan* plan = program_->execution_plan()->Get(flatbuffers::uoffset_t(i));
+    if (plan->name() != nullptr && strcmp(plan->name()->c_str(), name) == 0) {
+      ETB_TRY(check_unions(plan));
+      return plan;
+    }
+  }
+  return fail(Error::NotFound, "program has no method named '%s'", name);
+}
+
+Result<MethodMeta> Program::method_meta(const char* name) const {
+  ETB_ASSIGN_OR_RETURN(const fb::ExecutionPlan* plan, find_plan(name));
+  return MethodMeta(plan);
+}
+
+Result<Span<const uint8_t>> Program::segment(size_t index) const {
+  const auto* segs = program_->segments();
+  if (segs == nullptr || index >= segs->size())
+    return fail(Error::InvalidProgram, "segment %zu does not exist", index);
+  const fb::DataSegment* s = segs->Get(flatbuffers::uoffset_t(index));
+  return Span<const uint8_t>(segment_base_ + s->offset(), size_t(s->size()));
+}
+
+Result<const uint8_t*> Program::constant_data(uint32_t index, size_t nbytes,
+                                              size_t align) const {
+  const fb::SubsegmentOffsets* cs = program_->constant_segment();
+  const uint8_t* p = nullptr;
+  if (cs != nullptr && cs->offsets() != nullptr && cs->offsets()->size() > 0) {
+    ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(cs->segment_index()));
+    if (index >= cs->offsets()->size())
+      return fail(Error::InvalidProgram, "constant %u: the constant segment has %u entries",
+                  index, cs->offsets()->size());
+    uint64_t off = cs->offsets()->Get(index);
+    if (off > seg.size() || nbytes > seg.size() - off)
+      return fail(Error::InvalidProgram,
+                  "constant %u: %zu bytes at offset %llu exceed the %zu-byte segment", index,
+                  nbytes, (unsigned long long)off, seg.size());
+    p = seg.data() + off;
+  } else {
+    const auto* bufs = program_->constant_buffer();
+    if (bufs == nullptr || index >= bufs->size())
+      return fail(Error::InvalidProgram, "constant %u does not exist", index);
+    const auto* storage = bufs->Get(index)->storage();
+    if (storage == nullptr || storage->size() < nbytes)
+      return fail(Error::InvalidProgram, "constant %u is smaller than its tensor", index);
+    p = storage->data();
+  }
+  if (nbytes > 0 && !is_aligned(p, align))
+    return fail(Error::InvalidProgram, "constant %u is misaligned", index);
+  return p;
+}
+
+// ---- MethodMeta ------------------------------------------------------------------------
+
+const char* MethodMeta::name() const { return plan_->name() ? plan_->name()->c_str() : ""; }
+size_t MethodMeta::num_inputs() const { return plan_->inputs() ? plan_->inputs()->size() : 0; }
+size_t MethodMeta::num_outputs() const {
+  return plan_->outputs() ? plan_->outputs()->size() : 0;
+}
+
+Result<TensorInfo> MethodMeta::value_tensor_info(int64_t index) const {
+  const auto* values = plan_->values();
+  if (values == nullptr || index < 0 || size_t(index) >= values->size())
+    return fail(Error::InvalidProgram, "value %lld out of range", (long long)index);
+  const fb::Tensor* t = values->Get(flatbuffers::uoffset_t(index))->val_as_Tensor();
+  if (t == nullptr) return fail(Error::InvalidArgument, "value %lld is not a tensor",
+                                (long long)index);
+  TensorInfo info;
+  if (!is_valid_scalar_type(int(t->scalar_type())))
+    return fail(Error::InvalidProgram, "tensor has unknown dtype %d", int(t->scalar_type()));
+  info.dtype = ScalarType(t->scalar_type());
+  size_t dim = t->sizes() ? t->sizes()->size() : 0;
+  if (dim > size_t(kMaxDim)) return fail(Error::NotSupported, "tensor has %zu dims", dim);
+  info.dim = int(dim);
+  for (size_t d = 0; d < dim; ++d) info.sizes[d] = t->sizes()->Get(flatbuffers::uoffset_t(d));
+  info.dynamism = ShapeDynamism(uint8_t(t->shape_dynamism()) > 2 ? 0 : t->shape_dynamism());
+  return info;
+}
+
+Result<TensorInfo> MethodMeta::input_tensor_info(size_t i) const {
+  if (i >= num_inputs()) return fail(Error::OutOfBounds, "input %zu out of range", i);
+  return value_tensor_info(plan_->inputs()->Get(flatbuffers::uoffset_t(i)));
+}
+
+Result<TensorInfo> MethodMeta::output_tensor_info(size_t i) const {
+  if (i >= num_outputs()) return fail(Error::OutOfBounds, "output %zu out of range", i);
+  return value_tensor_info(plan_->outputs()->Get(flatbuffers::uoffset_t(i)));
+}
+
+size_t MethodMeta::num_memory_banks() const {
+  const auto* s = plan_->non_const_buffer_sizes();
+  return s == nullptr || s->size() == 0 ? 0 : s->size() - 1;
+}
+
+Result<int64_t> MethodMeta::memory_bank_size(size_t i) const {
+  if (i >= num_memory_banks())
+    return fail(Error::OutOfBounds, "memory bank %zu: method plans %zu banks", i,
+                num_memory_banks());
+  int64_t v = plan_->non_const_buffer_sizes()->Get(flatbuffers::uoffset_t(i + 1));
+  if (v < 0) return fail(Error::InvalidProgram, "memory bank %zu has negative size", i);
+  return v;
+}
+
+size_t MethodMeta::num_instructions() const {
+  size_t n = 0;
+  if (plan_->chains())
+    for (const fb::Chain* c : *plan_->chains())
+      if (c->instructions()) n += c->instructions()->size();
+  return n;
+}
+
+size_t MethodMeta::method_allocator_bytes() const {
+  constexpr size_t pad = 16;
+  size_t n = 256;
+  size_t nvalues = plan_->values() ? plan_->values()->size() : 0;
+  n += nvalues * sizeof(EValue) + pad;
+  n += num_inputs() * (2 + sizeof(void*)) + 3 * pad;
+  if (plan_->values()) {
+    for (const fb::EValue* v : *plan_->values()) {
+      switch (v->val_type()) {
+        case fb::KernelTypes_Tensor: {
+          const fb::Tensor* t = v->val_as_Tensor();
+          size_t dim = t->sizes() ? t->sizes()->size() : 0;
+          n += sizeof(Tensor) + dim * 17 + 4 * pad;
+          break;
+        }
+        case fb::KernelTypes_IntList: {
+          const auto* items = v->val_as_IntList()->items();
+          n += sizeof(BoxedIntList) + (items ? items->size() : 0) * 16 + 3 * pad;
+          break;
+        }
+        case fb::KernelTypes_BoolList: {
+          const auto* items = v->val_as_BoolList()->items();
+          n += (items ? items->size() : 0) + pad;
+          break;
+        }
+        case fb::KernelTypes_TensorList: {
+          const auto* items = v->val_as_TensorList()->items();
+          n += (items ? items->size() : 0) * sizeof(void*) + pad;
+          break;
+        }
+        case fb::KernelTypes_OptionalTensorList: {
+          const auto* items = v->val_as_OptionalTensorList()->items();
+          n += (items ? items->size() : 0) * sizeof(void*) + pad;
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+  if (plan_->operators()) {
+    n += plan_->operators()->size() * (sizeof(KernelFn) + sizeof(char*)) + 2 * pad;
+    for (const fb::Operator* op : *plan_->operators())
+      n += (op->name() ? op->name()->size() : 0) + (op->overload() ? op->overload()->size() : 0) +
+           2 + pad;
+  }
+  if (plan_->delegates()) {
+    n += plan_->delegates()->size() * sizeof(Method::Delegate) + pad;
+    for (const fb::BackendDelegate* d : *plan_->delegates()) {
+      size_t args = d->compile_specs() ? d->compile_specs()->size() : 0;
+      n += args * sizeof(CompileSpec) + pad;
+    }
+  }
+  n += num_instructions() * sizeof(Method::Instr) + pad;
+  if (plan_->chains())
+    for (const fb::Chain* c : *plan_->chains())
+      if (c->instructions())
+        for (const fb::Instruction* in : *c->instructions()) {
+          const flatbuffers::Vector<int32_t>* args = nullptr;
+          if (in->instr_args_type() == fb::InstructionArguments_KernelCall)
+            args = in->instr_args_as_KernelCall()->args();
+          else if (in->instr_args_type() == fb::InstructionArguments_DelegateCall)
+            args = in->instr_args_as_DelegateCall()->args();
+          n += (args ? args->size() : 0) * sizeof(EValue*) + pad;
+        }
+  return n;
+}
+
+}  // namespace etb

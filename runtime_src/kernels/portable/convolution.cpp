@@ -1,0 +1,214 @@
+// 1-d and 2-d convolution (NCHW, grouped and depthwise) on Float tensors.
+//
+// Three paths: pointwise (1x1, stride 1, no padding) is one GEMM per group; depthwise
+// (one input channel per group) is a direct kernel whose inner loop runs over a
+// precomputed valid output range, so it has no bounds checks; everything else packs
+// column tiles (im2col) into temp memory and runs the GEMM on them.
+#include "kernels/portable/gemm.h"
+#include "kernels/portable/util.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace native {
+namespace {
+
+struct ConvShape {
+  int64_t N, C, H, W;        // input
+  int64_t OC, KH, KW;        // weight
+  int64_t OH, OW;            // output
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+};
+
+// Valid output range [lo, hi) along one axis for kernel offset `koff` so that
+// 0 <= o*stride - pad + koff < in.
+inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t koff,
+                        int64_t* lo, int64_t* hi) {
+  int64_t l = pad - koff;  // need o*stride >= pad - koff
+  int64_t a = l <= 0 ? 0 : (l + stride - 1) / stride;
+  int64_t r = in + pad - koff;  // need o*stride < in + pad - koff
+  int64_t b = r <= 0 ? 0 : (r + stride - 1) / stride;
+  if (b > out) b = out;
+  if (a > b) a = b;
+  *lo = a;
+  *hi = b;
+}
+
+void conv_depthwise(const ConvShape& s, const float* in, const float* w, float* out) {
+  const int64_t mult = s.OC / s.groups;  // output channels per input channel
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t oc = 0; oc < s.OC; ++oc) {
+      const int64_t ic = oc / mult;
+      const float* x = in + (n * s.C + ic) * s.H * s.W;
+      const float* k = w + oc * s.KH * s.KW;
+      float* y = out + (n * s.OC + oc) * s.OH * s.OW;
+      for (int64_t kh = 0; kh < s.KH; ++kh) {
+        int64_t oh_lo, oh_hi;
+        valid_range(s.OH, s.H, s.sh, s.ph, kh * s.dh, &oh_lo, &oh_hi);
+        for (int64_t kw = 0; kw < s.KW; ++kw) {
+          int64_t ow_lo, ow_hi;
+          valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &ow_lo, &ow_hi);
+          const float wv = k[kh * s.KW + kw];
+          for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+            const float* xr = x + (oh * s.sh - s.ph + kh * s.dh) * s.W;
+            const int64_t off = kw * s.dw - s.pw;
+            float* yr = y + oh * s.OW;
+            if (s.sw == 1) {
+              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off];
+            } else if (s.sw == 2) {
+              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[2 * ow + off];
+            } else {
+              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * s.sw + off];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Packs columns [p0, p0 + pc) of the im2col matrix of one group into col[K x pc].
+void im2col_tile(const ConvShape& s, const float* x, int64_t cin, int64_t p0, int64_t pc,
+                 float* col) {
+  for (int64_t c = 0; c < cin; ++c) {
+    for (int64_t kh = 0; kh < s.KH; ++kh) {
+      for (int64_t kw = 0; kw < s.KW; ++kw) {
+        float* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
+        const float* xc = x + c * s.H * s.W;
+        int64_t oh = p0 / s.OW, ow = p0 - oh * s.OW;
+        for (int64_t j = 0; j < pc; ++j) {
+          const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+          dst[j] = (ih >= 0 && ih < s.H && iw >= 0 && iw < s.W) ? xc[ih * s.W + iw] : 0.f;
+          if (++ow == s.OW) {
+            ow = 0;
+            ++oh;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
+                      const Tensor* bias, Span<const int64_t> stride,
+                      Span<const int64_t> padding, Span<const int64_t> dilation, bool transposed,
+                      Span<const int64_t> output_padding, int64_t groups, Tensor& out) {
+  (void)output_padding;
+  if (transposed) return fail(Error::NotSupported, "convolution: transposed is not supported");
+  const int nd = input.dim() - 2;
+  if (nd != 1 && nd != 2)
+    return fail(Error::NotSupported, "convolution: input must be 3-d or 4-d, got %d-d",
+                input.dim());
+  if (weight.dim() != input.dim())
+    return fail(Error::InvalidArgument, "convolution: weight has %d dims, input %d",
+                weight.dim(), input.dim());
+  auto pick = [](Span<const int64_t> v, int i, int64_t dflt, int64_t* out) {
+    if (v.size() == 0) { *out = dflt; return true; }
+    if (v.size() == 1) { *out = v[0]; return true; }
+    if (size_t(i) < v.size()) { *out = v[size_t(i)]; return true; }
+    return false;
+  };
+  ConvShape s;
+  s.N = input.size(0);
+  s.C = input.size(1);
+  s.H = nd == 2 ? input.size(2) : 1;
+  s.W = input.size(nd + 1);
+  s.OC = weight.size(0);
+  s.KH = nd == 2 ? weight.size(2) : 1;
+  s.KW = weight.size(nd + 1);
+  s.groups = groups;
+  bool ok = true;
+  if (nd == 2) {
+    ok = ok && pick(stride, 0, 1, &s.sh) && pick(stride, 1, 1, &s.sw);
+    ok = ok && pick(padding, 0, 0, &s.ph) && pick(padding, 1, 0, &s.pw);
+    ok = ok && pick(dilation, 0, 1, &s.dh) && pick(dilation, 1, 1, &s.dw);
+  } else {
+    s.sh = 1; s.ph = 0; s.dh = 1;
+    ok = ok && pick(stride, 0, 1, &s.sw) && pick(padding, 0, 0, &s.pw) &&
+         pick(dilation, 0, 1, &s.dw);
+  }
+  if (!ok || stride.size() > size_t(nd) || padding.size() > size_t(nd) ||
+      dilation.size() > size_t(nd))
+    return fail(Error::InvalidArgument, "convolution: stride/padding/dilation lists are too long");
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (s.sh > kLimit || s.sw > kLimit || s.dh > kLimit || s.dw > kLimit || s.ph > kLimit ||
+      s.pw > kLimit)
+    return fail(Error::InvalidArgument, "convolution: stride/padding/dilation too large");
+  if (s.sh < 1 || s.sw < 1 || s.dh < 1 || s.dw < 1 || s.ph < 0 || s.pw < 0)
+    return fail(Error::InvalidArgument, "convolution: stride and dilation must be >= 1, "
+                "padding >= 0");
+  if (groups < 1 || s.C % groups != 0 || s.OC % groups != 0)
+    return fail(Error::InvalidArgument, "convolution: groups=%lld must divide %lld input and "
+                "%lld output channels", (long long)groups, (long long)s.C, (long long)s.OC);
+  const int64_t cin_g = s.C / groups;
+  if (weight.size(1) != cin_g)
+    return fail(Error::InvalidArgument,
+                "convolution: weight expects %lld input channels per group, input has %lld",
+                (long long)weight.size(1), (long long)cin_g);
+  const int64_t eh = s.dh * (s.KH - 1) + 1, ew = s.dw * (s.KW - 1) + 1;
+  if (s.H + 2 * s.ph < eh || s.W + 2 * s.pw < ew || s.KH < 1 || s.KW < 1)
+    return fail(Error::InvalidArgument, "convolution: kernel is larger than the padded input");
+  s.OH = (s.H + 2 * s.ph - eh) / s.sh + 1;
+  s.OW = (s.W + 2 * s.pw - ew) / s.sw + 1;
+  if (bias != nullptr && (bias->dim() != 1 || bias->size(0) != s.OC))
+    return fail(Error::InvalidArgument, "convolution: bias must have %lld elements",
+                (long long)s.OC);
+  int64_t osz[4] = {s.N, s.OC, s.OH, s.OW};
+  if (nd == 1) osz[2] = s.OW;
+  ETB_TRY(resize_to(out, osz, nd + 2));
+
+  const float* x = input.data_as<float>();
+  const float* w = weight.data_as<float>();
+  float* y = out.data_as<float>();
+  const int64_t P = s.OH * s.OW;
+  // Start from the bias (or zero); every path accumulates.
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t oc = 0; oc < s.OC; ++oc) {
+      const float b = bias != nullptr ? bias->data_as<float>()[oc] : 0.f;
+      float* yo = y + (n * s.OC + oc) * P;
+      for (int64_t p = 0; p < P; ++p) yo[p] = b;
+    }
+  if (out.numel() == 0) return Error::Ok;
+
+  const int64_t oc_g = s.OC / groups;
+  if (cin_g == 1 && groups > 1) {
+    conv_depthwise(s, x, w, y);
+    return Error::Ok;
+  }
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 &&
+                         s.pw == 0;
+  const int64_t K = cin_g * s.KH * s.KW;
+  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(), 64);
+  if (!ws_mem.ok()) return ws_mem.error();
+  float* ws = static_cast<float*>(ws_mem.value());
+  if (pointwise) {
+    for (int64_t n = 0; n < s.N; ++n)
+      for (int64_t g = 0; g < groups; ++g)
+        sgemm_acc(oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
+                  y + (n * s.OC + g * oc_g) * P, P, ws);
+    return Error::Ok;
+  }
+  // im2col in column tiles of at most ~256 KB.
+  int64_t pc = (int64_t(256) * 1024 / 4) / K;
+  pc = pc < 32 ? 32 : (pc / 32) * 32;
+  if (pc > P) pc = P;
+  Result<void*> tmp = ctx.allocate_temp(size_t(K * pc) * sizeof(float));
+  if (!tmp.ok()) return tmp.error();
+  float* col = static_cast<float*>(tmp.value());
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
+      float* yg = y + (n * s.OC + g * oc_g) * P;
+      for (int64_t p0 = 0; p0 < P; p0 += pc) {
+        const int64_t cols = P - p0 < pc ? P - p0 : pc;
+        im2col_tile(s, xg, cin_g, p0, cols, col);
+        sgemm_acc(oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ws);
+      }
+    }
+  return Error::Ok;
+}
+
+}  // namespace native
+}  // namespace etb

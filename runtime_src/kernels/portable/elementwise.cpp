@@ -1,0 +1,219 @@
+// Elementwise kernels: binary arithmetic with broadcasting and type promotion, and the
+// unary activations.
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/portable/util.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace native {
+namespace {
+
+enum class BinOp { Add, Sub, Mul, Div };
+
+template <typename C>
+inline C apply(BinOp op, C a, C b, C alpha) {
+  if constexpr (std::is_integral<C>::value) {
+    // Two's-complement wrap-around like ATen, without signed-overflow UB.
+    using U = typename std::make_unsigned<C>::type;
+    switch (op) {
+      case BinOp::Add: return C(U(a) + U(alpha) * U(b));
+      case BinOp::Sub: return C(U(a) - U(alpha) * U(b));
+      case BinOp::Mul: return C(U(a) * U(b));
+      case BinOp::Div: return b == 0 ? C(0) : C(a / b);
+    }
+  } else {
+    switch (op) {
+      case BinOp::Add: return a + alpha * b;
+      case BinOp::Sub: return a - alpha * b;
+      case BinOp::Mul: return a * b;
+      case BinOp::Div: return a / b;
+    }
+  }
+  return a;
+}
+
+// Same-dtype fast path: out, a, b all of type T; the op is a template parameter so the inner
+// loops have no branches and vectorize.
+template <typename T, BinOp OP>
+void binary_same(const Broadcast2& p, const T* a, const T* b, T* out, T alpha) {
+  for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
+    T* o = out + oo;
+    const T* x = a + oa;
+    const T* y = b + ob;
+    if (sa == 1 && sb == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], y[i], alpha);
+    } else if (sa == 0 && sb == 1) {
+      const T xv = x[0];
+      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, xv, y[i], alpha);
+    } else if (sa == 1 && sb == 0) {
+      const T yv = y[0];
+      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], yv, alpha);
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i * sa], y[i * sb], alpha);
+    }
+  });
+}
+
+// Mixed dtypes: load each element converted to the compute type C.
+template <typename C>
+void binary_mixed(BinOp op, const Broadcast2& p, const Tensor& a, const Tensor& b, Tensor& out,
+                  C alpha) {
+  const void* ad = a.data();
+  const void* bd = b.data();
+  void* od = out.data();
+  ScalarType at = a.dtype(), bt = b.dtype(), ot = out.dtype();
+  for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      C x = load_as<C>(ad, at, oa + i * sa);
+      C y = load_as<C>(bd, bt, ob + i * sb);
+      store_as<C>(od, ot, oo + i, apply<C>(op, x, y, alpha));
+    }
+  });
+}
+
+template <BinOp OP>
+Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& alpha,
+             Tensor& out) {
+  int64_t sizes[kMaxDim];
+  int dim = 0;
+  ETB_TRY(broadcast_shape(a, b, sizes, &dim, name));
+  ETB_TRY(resize_to(out, sizes, dim));
+  if (!is_loadable(a.dtype()) || !is_loadable(b.dtype()) || !is_loadable(out.dtype()))
+    return fail(Error::NotSupported, "%s: unsupported dtype", name);
+  const bool out_float = is_floating(out.dtype());
+  if (!out_float && (is_floating(a.dtype()) || is_floating(b.dtype())))
+    return fail(Error::InvalidArgument, "%s: result type Float can't be cast to the output %s",
+                name, scalar_type_name(out.dtype()));
+  if (!out_float && !alpha.is_int() && !alpha.is_bool() && (OP == BinOp::Add || OP == BinOp::Sub))
+    return fail(Error::InvalidArgument, "%s: a float alpha needs a floating output", name);
+  Broadcast2 p;
+  make_broadcast2(a, b, out.sizes(), &p);
+  const bool same = a.dtype() == out.dtype() && b.dtype() == out.dtype();
+  if (out.dtype() == ScalarType::Float && same) {
+    binary_same<float, OP>(p, a.data_as<float>(), b.data_as<float>(), out.data_as<float>(),
+                           float(alpha.to_double()));
+  } else if (out.dtype() == ScalarType::Long && same) {
+    binary_same<int64_t, OP>(p, a.data_as<int64_t>(), b.data_as<int64_t>(),
+                             out.data_as<int64_t>(), alpha.to_int());
+  } else if (out.dtype() == ScalarType::Int && same) {
+    binary_same<int32_t, OP>(p, a.data_as<int32_t>(), b.data_as<int32_t>(),
+                             out.data_as<int32_t>(), int32_t(alpha.to_int()));
+  } else if (out_float) {
+    binary_mixed<double>(OP, p, a, b, out, alpha.to_double());
+  } else if (out.dtype() == ScalarType::Bool) {
+    if (OP != BinOp::Mul)
+      return fail(Error::NotSupported, "%s: Bool output is only supported for mul", name);
+    binary_mixed<int64_t>(OP, p, a, b, out, 1);
+  } else {
+    binary_mixed<int64_t>(OP, p, a, b, out, alpha.to_int());
+  }
+  return Error::Ok;
+}
+
+// Unary float kernels: out = f(self), elementwise, out may alias self.
+template <typename F>
+Error unary_float(const char* name, const Tensor& self, Tensor& out, F f) {
+  ETB_TRY(expect_dtype(self, ScalarType::Float, name, "self"));
+  ETB_TRY(expect_dtype(out, ScalarType::Float, name, "out"));
+  ETB_TRY(out.resize(self.sizes()));
+  const float* x = self.data_as<float>();
+  float* o = out.data_as<float>();
+  const int64_t n = self.numel();
+  for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+  return Error::Ok;
+}
+
+}  // namespace
+
+Error add_out(KernelContext&, const Tensor& self, const Tensor& other, const Scalar& alpha,
+              Tensor& out) {
+  return binary<BinOp::Add>("add", self, other, alpha, out);
+}
+
+Error sub_out(KernelContext&, const Tensor& self, const Tensor& other, const Scalar& alpha,
+              Tensor& out) {
+  if (self.dtype() == ScalarType::Bool || other.dtype() == ScalarType::Bool)
+    return fail(Error::InvalidArgument, "sub: Bool tensors are not supported");
+  return binary<BinOp::Sub>("sub", self, other, alpha, out);
+}
+
+Error mul_out(KernelContext&, const Tensor& self, const Tensor& other, Tensor& out) {
+  return binary<BinOp::Mul>("mul", self, other, Scalar(int64_t(1)), out);
+}
+
+Error div_out(KernelContext&, const Tensor& self, const Tensor& other, Tensor& out) {
+  if (!is_floating(out.dtype()))
+    return fail(Error::InvalidArgument, "div: true division needs a floating output, got %s",
+                scalar_type_name(out.dtype()));
+  return binary<BinOp::Div>("div", self, other, Scalar(int64_t(1)), out);
+}
+
+Error relu_out(KernelContext&, const Tensor& self, Tensor& out) {
+  return unary_float("relu", self, out, [](float v) { return v > 0.f ? v : 0.f; });
+}
+
+Error hardtanh_out(KernelContext&, const Tensor& self, const Scalar& min_val,
+                   const Scalar& max_val, Tensor& out) {
+  const float lo = float(min_val.to_double()), hi = float(max_val.to_double());
+  return unary_float("hardtanh", self, out, [lo, hi](float v) {
+    return v < lo ? lo : (v > hi ? hi : v);
+  });
+}
+
+Error clamp_out(KernelContext&, const Tensor& self, Optional<Scalar> min, Optional<Scalar> max,
+                Tensor& out) {
+  if (!min.has_value && !max.has_value)
+    return fail(Error::InvalidArgument, "clamp: at least one of min and max must be given");
+  const float lo = min.has_value ? float(min.value.to_double()) : -INFINITY;
+  const float hi = max.has_value ? float(max.value.to_double()) : INFINITY;
+  return unary_float("clamp", self, out, [lo, hi](float v) {
+    if (std::isnan(v)) return v;
+    float r = v < lo ? lo : v;
+    return r > hi ? hi : r;
+  });
+}
+
+Error gelu_out(KernelContext&, const Tensor& self, Span<const char> approximate, Tensor& out) {
+  const bool is_none = approximate.size() == 4 && memcmp(approximate.data(), "none", 4) == 0;
+  const bool is_tanh = approximate.size() == 4 && memcmp(approximate.data(), "tanh", 4) == 0;
+  if (!is_none && !is_tanh)
+    return fail(Error::InvalidArgument, "gelu: approximate must be 'none' or 'tanh'");
+  if (is_tanh) {
+    return unary_float("gelu", self, out, [](float v) {
+      const float k = 0.7978845608028654f;  // sqrt(2/pi)
+      return 0.5f * v * (1.f + std::tanh(k * (v + 0.044715f * v * v * v)));
+    });
+  }
+  return unary_float("gelu", self, out, [](float v) {
+    return 0.5f * v * (1.f + std::erf(v * 0.7071067811865476f));
+  });
+}
+
+Error hardswish_out(KernelContext&, const Tensor& self, Tensor& out) {
+  return unary_float("hardswish", self, out, [](float v) {
+    float r = v + 3.f;
+    r = r < 0.f ? 0.f : (r > 6.f ? 6.f : r);
+    return v * r * (1.f / 6.f);
+  });
+}
+
+Error hardsigmoid_out(KernelContext&, const Tensor& self, Tensor& out) {
+  return unary_float("hardsigmoid", self, out, [](float v) {
+    float r = v + 3.f;
+    r = r < 0.f ? 0.f : (r > 6.f ? 6.f : r);
+    return r * (1.f / 6.f);
+  });
+}
+
+Error sigmoid_out(KernelContext&, const Tensor& self, Tensor& out) {
+  return unary_float("sigmoid", self, out, [](float v) { return 1.f / (1.f + std::exp(-v)); });
+}
+
+Error tanh_out(KernelContext&, const Tensor& self, Tensor& out) {
+  return unary_float("tanh", self, out, [](float v) { return std::tanh(v); });
+}
+
+}  // namespace native
+}  // namespace etb

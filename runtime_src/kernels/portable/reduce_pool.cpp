@@ -1,0 +1,343 @@
+// Reductions and pooling on Float tensors: softmax, layer norm, mean, average and max pools.
+#include <cmath>
+
+#include "kernels/portable/util.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace native {
+
+Error softmax_out(KernelContext&, const Tensor& self, int64_t dim, bool half_to_float,
+                   Tensor& out) {
+  if (half_to_float) return fail(Error::NotSupported, "softmax: half_to_float is not supported");
+  int64_t d = 0;
+  ETB_TRY(wrap_dim(dim, self.dim(), &d, "softmax"));
+  ETB_TRY(out.resize(self.sizes()));
+  if (self.numel() == 0) return Error::Ok;
+  const int64_t len = self.dim() == 0 ? 1 : self.size(int(d));
+  const int64_t inner = self.dim() == 0 ? 1 : self.stride(int(d));
+  const int64_t outer = self.numel() / (len * inner);
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const float* xs = x + o * len * inner + i;
+      float* ys = y + o * len * inner + i;
+      float m = -INFINITY;
+      for (int64_t k = 0; k < len; ++k) m = xs[k * inner] > m ? xs[k * inner] : m;
+      float sum = 0.f;
+      for (int64_t k = 0; k < len; ++k) {
+        const float e = std::exp(xs[k * inner] - m);
+        ys[k * inner] = e;
+        sum += e;
+      }
+      const float r = 1.f / sum;
+      for (int64_t k = 0; k < len; ++k) ys[k * inner] *= r;
+    }
+  }
+  return Error::Ok;
+}
+
+Error native_layer_norm_out(KernelContext&, const Tensor& input,
+                            Span<const int64_t> normalized_shape, const Tensor* weight,
+                            const Tensor* bias, double eps, Tensor& out0, Tensor& out1,
+                            Tensor& out2) {
+  const int k = int(normalized_shape.size());
+  if (k < 1 || k > input.dim())
+    return fail(Error::InvalidArgument, "layer_norm: normalized_shape has %d dims, input %d", k,
+                input.dim());
+  int64_t M = 1;
+  for (int i = 0; i < k; ++i) {
+    if (normalized_shape[size_t(i)] != input.size(input.dim() - k + i))
+      return fail(Error::InvalidArgument, "layer_norm: normalized_shape does not match input");
+    M *= normalized_shape[size_t(i)];
+  }
+  if (weight != nullptr && weight->numel() != M)
+    return fail(Error::InvalidArgument, "layer_norm: weight must have %lld elements", (long long)M);
+  if (bias != nullptr && bias->numel() != M)
+    return fail(Error::InvalidArgument, "layer_norm: bias must have %lld elements", (long long)M);
+  ETB_TRY(out0.resize(input.sizes()));
+  int64_t stat[kMaxDim];
+  for (int i = 0; i < input.dim(); ++i) stat[i] = i < input.dim() - k ? input.size(i) : 1;
+  ETB_TRY(resize_to(out1, stat, input.dim()));
+  ETB_TRY(resize_to(out2, stat, input.dim()));
+  ETB_TRY(expect_dtype(out1, ScalarType::Float, "layer_norm", "out1"));
+  ETB_TRY(expect_dtype(out2, ScalarType::Float, "layer_norm", "out2"));
+  const int64_t rows = M == 0 ? 0 : input.numel() / M;
+  const float* x = input.data_as<float>();
+  float* y = out0.data_as<float>();
+  const float* w = weight ? weight->data_as<float>() : nullptr;
+  const float* b = bias ? bias->data_as<float>() : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * M;
+    float* yr = y + r * M;
+    double sum = 0;
+    for (int64_t i = 0; i < M; ++i) sum += xr[i];
+    const float mean = float(sum / double(M));
+    double var = 0;
+    for (int64_t i = 0; i < M; ++i) {
+      const double dv = double(xr[i]) - mean;
+      var += dv * dv;
+    }
+    const float rstd = float(1.0 / std::sqrt(var / double(M) + eps));
+    for (int64_t i = 0; i < M; ++i) {
+      float v = (xr[i] - mean) * rstd;
+      if (w) v *= w[i];
+      if (b) v += b[i];
+      yr[i] = v;
+    }
+    out1.data_as<float>()[r] = mean;
+    out2.data_as<float>()[r] = rstd;
+  }
+  return Error::Ok;
+}
+
+Error mean_out(KernelContext&, const Tensor& self, Optional<Span<const int64_t>> dim,
+               bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+  if (dtype.has_value && dtype.value != ScalarType::Float)
+    return fail(Error::NotSupported, "mean: dtype %s is not supported",
+                scalar_type_name(dtype.value));
+  const int nd = self.dim();
+  bool reduce[kMaxDim] = {};
+  if (!dim.has_value || dim.value.size() == 0) {
+    for (int i = 0; i < nd; ++i) reduce[i] = true;
+  } else {
+    for (int64_t d : dim.value) {
+      int64_t w = 0;
+      ETB_TRY(wrap_dim(d, nd, &w, "mean"));
+      if (nd > 0) {
+        if (reduce[w]) return fail(Error::InvalidArgument, "mean: dim %lld repeated", (long long)d);
+        reduce[w] = true;
+      }
+    }
+  }
+  int64_t osz[kMaxDim];
+  int od = 0;
+  int64_t count = 1;
+  for (int i = 0; i < nd; ++i) {
+    if (reduce[i]) {
+      count *= self.size(i);
+      if (keepdim) osz[od++] = 1;
+    } else {
+      osz[od++] = self.size(i);
+    }
+  }
+  ETB_TRY(resize_to(out, osz, od));
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  const int64_t on = out.numel();
+  // Fast path: the reduced dims are the trailing ones.
+  int first_reduced = nd;
+  while (first_reduced > 0 && reduce[first_reduced - 1]) --first_reduced;
+  bool trailing = true;
+  for (int i = 0; i < first_reduced; ++i) trailing = trailing && !reduce[i];
+  if (trailing) {
+    for (int64_t o = 0; o < on; ++o) {
+      double s = 0;
+      const float* xr = x + o * count;
+      for (int64_t i = 0; i < count; ++i) s += xr[i];
+      y[o] = count == 0 ? NAN : float(s / double(count));
+    }
+    return Error::Ok;
+  }
+  // General path: walk the input once, accumulating into the output index.
+  int64_t ostride[kMaxDim];
+  int64_t st = 1;
+  for (int i = nd - 1; i >= 0; --i) {
+    ostride[i] = reduce[i] ? 0 : st;
+    if (!reduce[i]) st *= self.size(i);
+  }
+  for (int64_t o = 0; o < on; ++o) y[o] = 0.f;
+  int64_t idx[kMaxDim] = {};
+  int64_t off = 0;
+  const int64_t n = self.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    y[off] += x[i];
+    for (int d = nd - 1; d >= 0; --d) {
+      off += ostride[d];
+      if (++idx[d] < self.size(d)) break;
+      off -= ostride[d] * self.size(d);
+      idx[d] = 0;
+    }
+  }
+  const float r = count == 0 ? NAN : 1.f / float(count);
+  for (int64_t o = 0; o < on; ++o) y[o] *= r;
+  return Error::Ok;
+}
+
+namespace {
+
+// Splits a 3-d or 4-d input into planes of H x W.
+Error planes_of(const Tensor& t, const char* op, int64_t* planes, int64_t* H, int64_t* W) {
+  if (t.dim() != 3 && t.dim() != 4)
+    return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op, t.dim());
+  *H = t.size(t.dim() - 2);
+  *W = t.size(t.dim() - 1);
+  *planes = t.dim() == 4 ? t.size(0) * t.size(1) : t.size(0);
+  return Error::Ok;
+}
+
+Error resize_pooled(const Tensor& in, Tensor& out, int64_t oh, int64_t ow) {
+  int64_t sz[4];
+  for (int i = 0; i < in.dim() - 2; ++i) sz[i] = in.size(i);
+  sz[in.dim() - 2] = oh;
+  sz[in.dim() - 1] = ow;
+  return resize_to(out, sz, in.dim());
+}
+
+// PyTorch's pooling_output_shape.
+int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil) {
+  int64_t out = (in + 2 * pad - dil * (k - 1) - 1 + (ceil ? stride - 1 : 0)) / stride + 1;
+  if (ceil && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+struct Pool2d {
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+};
+
+Error parse_pool(const char* op, Span<const int64_t> k, Span<const int64_t> s,
+                 Span<const int64_t> p, Span<const int64_t> d, Pool2d* o) {
+  auto two = [](Span<const int64_t> v, int64_t dflt0, int64_t dflt1, int64_t* a, int64_t* b) {
+    if (v.size() == 0) { *a = dflt0; *b = dflt1; return true; }
+    if (v.size() == 1) { *a = *b = v[0]; return true; }
+    if (v.size() == 2) { *a = v[0]; *b = v[1]; return true; }
+    return false;
+  };
+  if (k.size() == 0 || !two(k, 1, 1, &o->kh, &o->kw) || !two(s, o->kh, o->kw, &o->sh, &o->sw) ||
+      !two(p, 0, 0, &o->ph, &o->pw) || !two(d, 1, 1, &o->dh, &o->dw))
+    return fail(Error::InvalidArgument, "%s: kernel/stride/padding/dilation must have 1 or 2 "
+                "items", op);
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (o->kh > kLimit || o->kw > kLimit || o->sh > kLimit || o->sw > kLimit || o->dh > kLimit ||
+      o->dw > kLimit)
+    return fail(Error::InvalidArgument, "%s: kernel, stride or dilation too large", op);
+  if (o->kh < 1 || o->kw < 1 || o->sh < 1 || o->sw < 1 || o->dh < 1 || o->dw < 1 ||
+      o->ph < 0 || o->pw < 0 || o->ph * 2 > o->kh || o->pw * 2 > o->kw)
+    return fail(Error::InvalidArgument, "%s: invalid kernel, stride, padding or dilation", op);
+  return Error::Ok;
+}
+
+}  // namespace
+
+Error adaptive_avg_pool2d_out(KernelContext&, const Tensor& self,
+                               Span<const int64_t> output_size, Tensor& out) {
+  int64_t planes = 0, H = 0, W = 0;
+  ETB_TRY(planes_of(self, "adaptive_avg_pool2d", &planes, &H, &W));
+  if (output_size.size() != 2 || output_size[0] < 0 || output_size[1] < 0)
+    return fail(Error::InvalidArgument, "adaptive_avg_pool2d: output_size must be 2 sizes");
+  const int64_t OH = output_size[0], OW = output_size[1];
+  if (OH > (int64_t(1) << 30) || OW > (int64_t(1) << 30))
+    return fail(Error::InvalidArgument, "adaptive_avg_pool2d: output_size too large");
+  if ((OH > 0 || OW > 0) && (H == 0 || W == 0))
+    return fail(Error::InvalidArgument, "adaptive_avg_pool2d: empty input");
+  ETB_TRY(resize_pooled(self, out, OH, OW));
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = (oh * H) / OH, h1 = ((oh + 1) * H + OH - 1) / OH;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = (ow * W) / OW, w1 = ((ow + 1) * W + OW - 1) / OW;
+        float s = 0.f;
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+        y[(p * OH + oh) * OW + ow] = s / float((h1 - h0) * (w1 - w0));
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+Error avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> kernel_size,
+                     Span<const int64_t> stride, Span<const int64_t> padding, bool ceil_mode,
+                     bool count_include_pad, Optional<int64_t> divisor_override, Tensor& out) {
+  int64_t planes = 0, H = 0, W = 0;
+  ETB_TRY(planes_of(self, "avg_pool2d", &planes, &H, &W));
+  Pool2d q;
+  ETB_TRY(parse_pool("avg_pool2d", kernel_size, stride, padding, Span<const int64_t>(), &q));
+  if (divisor_override.has_value && divisor_override.value == 0)
+    return fail(Error::InvalidArgument, "avg_pool2d: divisor_override must be nonzero");
+  const int64_t OH = pooled_size(H, q.kh, q.ph, q.sh, 1, ceil_mode);
+  const int64_t OW = pooled_size(W, q.kw, q.pw, q.sw, 1, ceil_mode);
+  if (OH <= 0 || OW <= 0)
+    return fail(Error::InvalidArgument, "avg_pool2d: output would be empty");
+  ETB_TRY(resize_pooled(self, out, OH, OW));
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        int64_t h0 = oh * q.sh - q.ph, w0 = ow * q.sw - q.pw;
+        int64_t h1 = h0 + q.kh < H + q.ph ? h0 + q.kh : H + q.ph;
+        int64_t w1 = w0 + q.kw < W + q.pw ? w0 + q.kw : W + q.pw;
+        const int64_t pool = (h1 - h0) * (w1 - w0);
+        h0 = h0 < 0 ? 0 : h0;
+        w0 = w0 < 0 ? 0 : w0;
+        h1 = h1 > H ? H : h1;
+        w1 = w1 > W ? W : w1;
+        float s = 0.f;
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+        int64_t div = divisor_override.has_value ? divisor_override.value
+                      : count_include_pad      ? pool
+                                               : (h1 - h0) * (w1 - w0);
+        y[(p * OH + oh) * OW + ow] = div == 0 ? 0.f : s / float(div);
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
+                                  Span<const int64_t> kernel_size, Span<const int64_t> stride,
+                                  Span<const int64_t> padding, Span<const int64_t> dilation,
+                                  bool ceil_mode, Tensor& out, Tensor& indices) {
+  int64_t planes = 0, H = 0, W = 0;
+  ETB_TRY(planes_of(self, "max_pool2d", &planes, &H, &W));
+  Pool2d q;
+  ETB_TRY(parse_pool("max_pool2d", kernel_size, stride, padding, dilation, &q));
+  const int64_t OH = pooled_size(H, q.kh, q.ph, q.sh, q.dh, ceil_mode);
+  const int64_t OW = pooled_size(W, q.kw, q.pw, q.sw, q.dw, ceil_mode);
+  if (OH <= 0 || OW <= 0) return fail(Error::InvalidArgument, "max_pool2d: output would be empty");
+  ETB_TRY(resize_pooled(self, out, OH, OW));
+  ETB_TRY(resize_pooled(self, indices, OH, OW));
+  const bool long_idx = indices.dtype() == ScalarType::Long;
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        float m = -INFINITY;
+        int64_t mi = -1;
+        for (int64_t kh = 0; kh < q.kh; ++kh) {
+          const int64_t h = oh * q.sh - q.ph + kh * q.dh;
+          if (h < 0 || h >= H) continue;
+          for (int64_t kw = 0; kw < q.kw; ++kw) {
+            const int64_t w = ow * q.sw - q.pw + kw * q.dw;
+            if (w < 0 || w >= W) continue;
+            const float v = xp[h * W + w];
+            if (v > m || std::isnan(v) || mi < 0) {
+              m = v;
+              mi = h * W + w;
+              if (std::isnan(v)) break;
+            }
+          }
+        }
+        const int64_t o = (p * OH + oh) * OW + ow;
+        y[o] = m;
+        if (long_idx)
+          indices.data_as<int64_t>()[o] = mi;
+        else
+          indices.data_as<int32_t>()[o] = int32_t(mi);
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+}  // namespace native
+}  // namespace etb

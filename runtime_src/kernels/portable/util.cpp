@@ -1,0 +1,64 @@
+#include "kernels/portable/util.h"
+
+namespace etb {
+namespace native {
+
+Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim,
+                      const char* op) {
+  int n = a.dim() > b.dim() ? a.dim() : b.dim();
+  for (int i = 0; i < n; ++i) {
+    int ia = a.dim() - n + i, ib = b.dim() - n + i;
+    int64_t sa = ia >= 0 ? a.size(ia) : 1;
+    int64_t sb = ib >= 0 ? b.size(ib) : 1;
+    if (sa != sb && sa != 1 && sb != 1) {
+      char x[160], y[160];
+      return fail(Error::InvalidArgument, "%s: sizes %s and %s do not broadcast", op,
+                  format_sizes(a.sizes(), x, sizeof(x)), format_sizes(b.sizes(), y, sizeof(y)));
+    }
+    sizes[i] = sa == 1 ? sb : sa;
+  }
+  *dim = n;
+  return Error::Ok;
+}
+
+void make_broadcast2(const Tensor& a, const Tensor& b, Span<const int64_t> out_sizes,
+                     Broadcast2* p) {
+  const int n = int(out_sizes.size());
+  int64_t sizes[kMaxDim], sa[kMaxDim], sb[kMaxDim];
+  int64_t stride_a = 1, stride_b = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    int ia = a.dim() - n + i, ib = b.dim() - n + i;
+    int64_t za = ia >= 0 ? a.size(ia) : 1;
+    int64_t zb = ib >= 0 ? b.size(ib) : 1;
+    sizes[i] = out_sizes[i];
+    sa[i] = za == 1 ? 0 : stride_a;
+    sb[i] = zb == 1 ? 0 : stride_b;
+    stride_a *= za;
+    stride_b *= zb;
+  }
+  // Drop size-1 dims, then merge neighbours whose strides chain.
+  int m = 0;
+  for (int i = 0; i < n; ++i) {
+    if (sizes[i] == 1) continue;
+    if (m > 0 && p->sa[m - 1] == sa[i] * sizes[i] && p->sb[m - 1] == sb[i] * sizes[i]) {
+      p->sizes[m - 1] *= sizes[i];
+      p->sa[m - 1] = sa[i];
+      p->sb[m - 1] = sb[i];
+      continue;
+    }
+    p->sizes[m] = sizes[i];
+    p->sa[m] = sa[i];
+    p->sb[m] = sb[i];
+    ++m;
+  }
+  if (m == 0) {
+    p->sizes[0] = 1;
+    p->sa[0] = 0;
+    p->sb[0] = 0;
+    m = 1;
+  }
+  p->dim = m;
+}
+
+}  // namespace native
+}  // namespace etb

@@ -1,0 +1,198 @@
+// etb_runner: load a program, read inputs from .etbt files, run N iterations, print output
+// checksums and latency percentiles.
+//
+// Input file format (.etbt, little-endian):
+//   bytes 0..3   magic "ETBT"
+//   u32          version (1)
+//   u32          dtype: ScalarType code (6 = Float, 4 = Long, 3 = Int, 11 = Bool, ...)
+//   u32          ndim
+//   i64 x ndim   sizes
+//   data         numel * element_size bytes, row-major (contiguous)
+// runtime_src/runner/dump_inputs.py writes these files from a bundled reference.pt.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "executor/data_loader.h"
+#include "executor/method.h"
+#include "executor/program.h"
+#include "platform/platform.h"
+#include "register_kernels.h"
+
+namespace {
+
+struct InputFile {
+  etb::ScalarType dtype;
+  std::vector<int64_t> sizes;
+  std::vector<uint8_t> data;
+};
+
+bool read_etbt(const char* path, InputFile* out) {
+  FILE* f = fopen(path, "rb");
+  if (f == nullptr) {
+    fprintf(stderr, "etb_runner: cannot open %s\n", path);
+    return false;
+  }
+  char magic[4];
+  uint32_t hdr[3];
+  bool ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "ETBT", 4) == 0 &&
+            fread(hdr, 4, 3, f) == 3 && hdr[0] == 1 && hdr[2] <= uint32_t(etb::kMaxDim) &&
+            etb::is_valid_scalar_type(int(hdr[1]));
+  if (ok) {
+    out->dtype = etb::ScalarType(hdr[1]);
+    out->sizes.resize(hdr[2]);
+    ok = fread(out->sizes.data(), 8, hdr[2], f) == hdr[2];
+  }
+  uint64_t numel = 1;
+  for (int64_t s : out->sizes) {
+    ok = ok && s >= 0;
+    numel *= uint64_t(s);
+  }
+  if (ok) {
+    out->data.resize(size_t(numel) * etb::element_size(out->dtype));
+    ok = fread(out->data.data(), 1, out->data.size(), f) == out->data.size();
+  }
+  fclose(f);
+  if (!ok) fprintf(stderr, "etb_runner: %s is not a valid .etbt file\n", path);
+  return ok;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { free(p); }
+};
+std::vector<std::unique_ptr<uint8_t, FreeDeleter>> g_buffers;  // freed at exit
+
+void* aligned_buffer(size_t n) {
+  g_buffers.emplace_back(static_cast<uint8_t*>(n > (size_t(1) << 46) ? nullptr : aligned_alloc(64, (n + 63) / 64 * 64 + 64)));
+  return g_buffers.back().get();
+}
+
+int usage() {
+  fprintf(stderr,
+          "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
+          "                  [--method NAME] [--profile]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const char* path = argv[1];
+  const char* method_name = "forward";
+  std::vector<const char*> input_paths;
+  int iters = 10, warmup = 1;
+  bool profile = false;
+  for (int i = 2; i < argc; ++i) {
+    if (!strcmp(argv[i], "--input") && i + 1 < argc) input_paths.push_back(argv[++i]);
+    else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--method") && i + 1 < argc) method_name = argv[++i];
+    else if (!strcmp(argv[i], "--profile")) profile = true;
+    else return usage();
+  }
+  if (iters < 1) iters = 1;
+  if (etb::register_all_kernels() != etb::Error::Ok) return 1;
+  auto die = [](const char* what) {
+    fprintf(stderr, "etb_runner: %s: %s\n", what, etb::last_error_message());
+    return 1;
+  };
+  etb::Result<etb::FileDataLoader> loader = etb::FileDataLoader::open(path);
+  if (!loader.ok()) return die("open");
+  etb::Result<etb::Program> program = etb::Program::load(&loader.value());
+  if (!program.ok()) return die("load");
+  etb::Result<etb::MethodMeta> meta = program->method_meta(method_name);
+  if (!meta.ok()) return die("method");
+
+  std::vector<etb::Span<uint8_t>> banks;
+  for (size_t b = 0; b < meta->num_memory_banks(); ++b) {
+    etb::Result<int64_t> n = meta->memory_bank_size(b);
+    if (!n.ok()) return die("memory plan");
+    void* p = aligned_buffer(size_t(n.value()));
+    if (p == nullptr) {
+      fprintf(stderr, "etb_runner: cannot allocate %lld bytes for memory bank %zu\n",
+              (long long)n.value(), b);
+      return 1;
+    }
+    banks.emplace_back(static_cast<uint8_t*>(p), size_t(n.value()));
+  }
+  const size_t method_bytes = meta->method_allocator_bytes();
+  const size_t temp_bytes = 8u << 20;
+  void* method_buf = aligned_buffer(method_bytes);
+  void* temp_buf = aligned_buffer(temp_bytes);
+  if (method_buf == nullptr || temp_buf == nullptr) {
+    fprintf(stderr, "etb_runner: out of memory\n");
+    return 1;
+  }
+  etb::MemoryAllocator method_alloc(method_buf, method_bytes);
+  etb::MemoryAllocator temp_alloc(temp_buf, temp_bytes);
+  etb::MemoryManager mm;
+  mm.method_allocator = &method_alloc;
+  mm.banks = etb::Span<const etb::Span<uint8_t>>(banks.data(), banks.size());
+  mm.temp_allocator = &temp_alloc;
+  etb::Result<etb::Method> method = program->load_method(method_name, mm);
+  if (!method.ok()) return die("init");
+
+  if (input_paths.size() != method->num_inputs()) {
+    fprintf(stderr, "etb_runner: method '%s' takes %zu inputs, %zu given\n", method_name,
+            method->num_inputs(), input_paths.size());
+    return 1;
+  }
+  std::vector<InputFile> inputs(input_paths.size());
+  for (size_t i = 0; i < input_paths.size(); ++i)
+    if (!read_etbt(input_paths[i], &inputs[i])) return 1;
+
+  std::vector<etb::ProfileEvent> events(profile ? meta->num_instructions() + 1 : 0);
+  if (profile) method->set_profiler(events.data(), events.size());
+  std::vector<double> times;
+  for (int it = 0; it < warmup + iters; ++it) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const InputFile& in = inputs[i];
+      if (method->set_input(i, in.dtype,
+                            etb::Span<const int64_t>(in.sizes.data(), in.sizes.size()),
+                            in.data.data(), in.data.size()) != etb::Error::Ok)
+        return die("input");
+    }
+    uint64_t t0 = etb::platform_now_ns();
+    if (method->execute() != etb::Error::Ok) return die("execute");
+    uint64_t t1 = etb::platform_now_ns();
+    if (it >= warmup) times.push_back(double(t1 - t0) / 1e6);
+  }
+  for (size_t o = 0; o < method->num_outputs(); ++o) {
+    const etb::EValue* v = method->output(o).value();
+    if (!v->is_tensor()) {
+      printf("output %zu: %s\n", o, etb::tag_name(v->tag()));
+      continue;
+    }
+    const etb::Tensor& t = v->to_tensor();
+    char sz[160];
+    double sum = 0, asum = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double x = t.dtype() == etb::ScalarType::Float  ? double(t.data_as<float>()[i])
+                 : t.dtype() == etb::ScalarType::Long ? double(t.data_as<int64_t>()[i])
+                 : t.dtype() == etb::ScalarType::Int  ? double(t.data_as<int32_t>()[i])
+                                                      : 0.0;
+      sum += x;
+      asum += x < 0 ? -x : x;
+    }
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the bytes
+    const uint8_t* p = static_cast<const uint8_t*>(t.data());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    printf("output %zu: %s %s sum=%.6g abs_sum=%.6g fnv1a=%016" PRIx64 "\n", o,
+           etb::scalar_type_name(t.dtype()), etb::format_sizes(t.sizes(), sz, sizeof(sz)), sum,
+           asum, h);
+  }
+  std::sort(times.begin(), times.end());
+  auto pct = [&](double q) { return times[size_t(q * double(times.size() - 1) + 0.5)]; };
+  printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),
+         times.size());
+  if (profile) {
+    for (const etb::ProfileEvent& e : method->profile())
+      printf("profile: %-32s %10.3f us\n", e.name, double(e.duration_ns) / 1e3);
+  }
+  return 0;
+}

@@ -1,0 +1,136 @@
+// Drives the runtime from C++ for tests/runtime/test_cpp.py:
+//   etb_runtime_tests MODE PROGRAM [INPUT VALUES...]
+// Modes: run (file loader), buffer (buffer loader), nokernels (no kernel registered),
+// unavailable (the test backend reports itself unavailable), nobackend (none registered).
+// Prints "output i: v0 v1 ..." per output, or "error: <message>" and exits 1.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "executor/data_loader.h"
+#include "executor/method.h"
+#include "executor/program.h"
+#include "register_kernels.h"
+
+namespace {
+
+// A test delegate: out = in * scale; scale comes from the compile spec "scale" (a float), the
+// processed blob must be "ETBTEST".
+class ScaleBackend final : public etb::Backend {
+ public:
+  explicit ScaleBackend(bool available) : available_(available) {}
+  bool is_available() const override { return available_; }
+  etb::Result<void*> init(etb::BackendInitContext& ctx, etb::Span<const uint8_t> processed,
+                          etb::Span<const etb::CompileSpec> specs) const override {
+    if (processed.size() != 7 || memcmp(processed.data(), "ETBTEST", 7) != 0)
+      return etb::fail(etb::Error::DelegateFailed, "ScaleBackend: bad processed blob");
+    float* scale = ctx.allocator->allocate_array<float>(1);
+    if (scale == nullptr) return etb::Error::MemoryAllocationFailed;
+    *scale = 1.f;
+    for (const etb::CompileSpec& s : specs)
+      if (s.key_size == 5 && memcmp(s.key, "scale", 5) == 0 && s.value_size == 4)
+        memcpy(scale, s.value, 4);
+    ++inits;
+    return static_cast<void*>(scale);
+  }
+  etb::Error execute(void* handle, etb::Span<etb::EValue*> args) const override {
+    if (args.size() != 2 || !args[0]->is_tensor() || !args[1]->is_tensor())
+      return etb::fail(etb::Error::DelegateFailed, "ScaleBackend: takes (Tensor in, Tensor out)");
+    const etb::Tensor& in = args[0]->to_tensor();
+    etb::Tensor& out = args[1]->to_tensor();
+    ETB_TRY(out.resize(in.sizes()));
+    const float s = *static_cast<float*>(handle);
+    for (int64_t i = 0; i < in.numel(); ++i) out.data_as<float>()[i] = in.data_as<float>()[i] * s;
+    return etb::Error::Ok;
+  }
+  void destroy(void*) const override { ++destroys; }
+  mutable int inits = 0;
+  mutable int destroys = 0;
+
+ private:
+  bool available_;
+};
+
+int error_exit(const char* what) {
+  printf("error: %s: %s\n", what, etb::last_error_message());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const char* mode = argv[1];
+  static ScaleBackend available(true), unavailable(false);
+  if (strcmp(mode, "nokernels") != 0 && etb::register_all_kernels() != etb::Error::Ok)
+    return error_exit("register");
+  if (strcmp(mode, "unavailable") == 0) {
+    etb::register_backend("EtbTestBackend", &unavailable);
+  } else if (strcmp(mode, "nobackend") != 0) {
+    etb::register_backend("EtbTestBackend", &available);
+  }
+
+  std::vector<uint8_t> file;  // for the buffer loader: the whole file, 16-byte aligned
+  alignas(16) static uint8_t storage[1 << 20];
+  etb::Result<etb::FileDataLoader> fl = etb::FileDataLoader::open(argv[2]);
+  if (!fl.ok()) return error_exit("open");
+  etb::BufferDataLoader bl(storage, 0);
+  const etb::DataLoader* loader = &fl.value();
+  if (strcmp(mode, "buffer") == 0) {
+    size_t n = fl->size();
+    if (n > sizeof(storage)) return 2;
+    memcpy(storage, fl->load(0, n).value(), n);
+    bl = etb::BufferDataLoader(storage, n);
+    loader = &bl;
+  }
+  etb::Result<etb::Program> program = etb::Program::load(loader);
+  if (!program.ok()) return error_exit("load");
+  etb::Result<etb::MethodMeta> meta = program->method_meta("forward");
+  if (!meta.ok()) return error_exit("meta");
+  std::vector<std::vector<uint8_t>> bank_store;
+  std::vector<etb::Span<uint8_t>> banks;
+  alignas(64) static uint8_t bank_memory[1 << 16];
+  size_t used = 0;
+  for (size_t b = 0; b < meta->num_memory_banks(); ++b) {
+    size_t n = size_t(meta->memory_bank_size(b).value());
+    if (used + n > sizeof(bank_memory)) return 2;
+    banks.emplace_back(bank_memory + used, n);
+    used += (n + 63) / 64 * 64;
+  }
+  alignas(16) static uint8_t method_mem[1 << 16];
+  alignas(64) static uint8_t temp_mem[1 << 20];
+  etb::MemoryAllocator method_alloc(method_mem, sizeof(method_mem));
+  etb::MemoryAllocator temp_alloc(temp_mem, sizeof(temp_mem));
+  etb::MemoryManager mm;
+  mm.method_allocator = &method_alloc;
+  mm.banks = etb::Span<const etb::Span<uint8_t>>(banks.data(), banks.size());
+  mm.temp_allocator = &temp_alloc;
+  {
+    etb::Result<etb::Method> method = program->load_method("forward", mm);
+    if (!method.ok()) return error_exit("init");
+    std::vector<float> input;
+    for (int i = 3; i < argc; ++i) input.push_back(float(atof(argv[i])));
+    etb::Result<etb::TensorInfo> info = meta->input_tensor_info(0);
+    if (!info.ok()) return error_exit("input info");
+    if (method->set_input(0, etb::ScalarType::Float,
+                          etb::Span<const int64_t>(info->sizes, size_t(info->dim)), input.data(),
+                          input.size() * sizeof(float)) != etb::Error::Ok)
+      return error_exit("input");
+    etb::ProfileEvent events[16];
+    method->set_profiler(events, 16);
+    if (method->execute() != etb::Error::Ok) return error_exit("execute");
+    for (size_t o = 0; o < method->num_outputs(); ++o) {
+      const etb::Tensor& t = method->output(o).value()->to_tensor();
+      printf("output %zu:", o);
+      for (int64_t i = 0; i < t.numel(); ++i) printf(" %g", double(t.data_as<float>()[i]));
+      printf("\n");
+    }
+    printf("profile:");
+    for (const etb::ProfileEvent& e : method->profile()) printf(" %s", e.name);
+    printf("\n");
+  }
+  printf("backend: inits=%d destroys=%d\n", available.inits, available.destroys);
+  return 0;
+}

@@ -1,0 +1,185 @@
+"""Helpers for the runtime tests: build a program from an ``nn.Module`` with etbuild's pipeline
+(in-process) or with the ``executorch`` package (the oracle exporter); compare outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+
+def compose(overrides: Sequence[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from etbuild.pipeline.config import register_configs
+    from etbuild.pipeline.paths import CONF_DIR
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def build_with_pipeline(
+    module: torch.nn.Module, inputs: Sequence[torch.Tensor], run_dir: Path
+) -> Path:
+    """Runs etbuild's stages from export through emit on ``module``; returns model.pte."""
+    from etbuild.pipeline.runner import Stage, run_stages
+    from etbuild.pipeline.stages import STAGES
+
+    cfg = compose(["model=mlp", "model.dynamic_dims=[]"])
+
+    def model_stage(ctx) -> None:
+        ctx.artifacts["module"] = module.eval()
+        ctx.artifacts["example_inputs"] = tuple(inputs)
+
+    wanted = ("export", "lower", "out_variant", "plan", "emit")
+    stages = [Stage("model", model_stage)] + [s for s in STAGES if s.name in wanted]
+    run_stages(stages, cfg, run_dir, log=lambda _line: None)
+    return run_dir / "model.pte"
+
+
+def build_with_executorch(
+    module: torch.nn.Module, inputs: Sequence[torch.Tensor], path: Path
+) -> Path:
+    """Exports ``module`` with the executorch package (no delegate) to ``path``."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    ep = torch.export.export(module.eval(), tuple(inputs))
+    edge = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    path.write_bytes(edge.to_executorch().buffer)
+    return path
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-4) -> None:
+    """Max abs error <= rel * max|want| (exact for integer and bool tensors)."""
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if not want.dtype.is_floating_point:
+        assert torch.equal(got, want)
+        return
+    if want.numel() == 0:
+        return
+    scale = max(want.abs().max().item(), 1e-6)
+    err = (got - want).abs().max().item()
+    assert err <= rel * scale, f"max abs error {err} > {rel} * {scale}"
+
+
+def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = "EtbTestBackend"):
+    """A hand-built program exercising a delegate call, a conditional jump, a move, a free and
+    a kernel call: ``tmp = delegate(x)`` (x * scale); when ``cond`` is true ``y = x + x`` runs
+    and is overwritten; ``t2 = move(tmp)``; ``y = t2 + x``. So ``y = x * (scale + 1)``.
+    Input and output are Float [2, 3] in memory bank 1 (the only bank)."""
+    import struct
+
+    from etbuild.pipeline import pte
+    from etbuild.schema import (
+        AllocationDetails,
+        BackendDelegate,
+        BackendDelegateDataReference,
+        BackendDelegateInlineData,
+        Bool,
+        Chain,
+        CompileSpec,
+        DelegateCall,
+        EValue,
+        ExecutionPlan,
+        FreeCall,
+        Instruction,
+        InstructionArguments,
+        Int,
+        JumpFalseCall,
+        KernelCall,
+        KernelTypes,
+        MoveCall,
+        Null,
+        Operator,
+        Program,
+        Tensor,
+    )
+
+    def ev(kind, payload):
+        e = EValue.EValueT()
+        e.valType = getattr(KernelTypes.KernelTypes, kind)
+        e.val = payload
+        return e
+
+    def tensor(offset):
+        t = Tensor.TensorT()
+        t.scalarType = 6
+        t.sizes = [2, 3]
+        t.dimOrder = [0, 1]
+        a = AllocationDetails.AllocationDetailsT()
+        a.memoryId, a.memoryOffsetLow, a.memoryOffsetHigh = 1, offset, 0
+        t.allocationInfo = a
+        return ev("Tensor", t)
+
+    def scalar(cls, field, value, kind):
+        obj = cls()
+        setattr(obj, field, value)
+        return ev(kind, obj)
+
+    def instr(kind, obj):
+        i = Instruction.InstructionT()
+        i.instrArgsType = getattr(InstructionArguments.InstructionArguments, kind)
+        i.instrArgs = obj
+        return i
+
+    values = [
+        tensor(0),  # 0 x
+        tensor(32),  # 1 y
+        tensor(64),  # 2 tmp
+        scalar(Bool.BoolT, "boolVal", cond, "Bool"),  # 3 cond
+        scalar(Int.IntT, "intVal", 1, "Int"),  # 4 alpha
+        ev("Null", Null.NullT()),  # 5 move target
+    ]
+    dc = DelegateCall.DelegateCallT()
+    dc.delegateIndex, dc.args = 0, [0, 2]
+    jf = JumpFalseCall.JumpFalseCallT()
+    jf.condValueIndex, jf.destinationInstruction = 3, 3
+    k1 = KernelCall.KernelCallT()
+    k1.opIndex, k1.args = 0, [0, 0, 4, 1, 1]
+    mv = MoveCall.MoveCallT()
+    mv.moveFrom, mv.moveTo = 2, 5
+    k2 = KernelCall.KernelCallT()
+    k2.opIndex, k2.args = 0, [5, 0, 4, 1, 1]
+    fr = FreeCall.FreeCallT()
+    fr.valueIndex = 2
+    chain = Chain.ChainT()
+    chain.inputs, chain.outputs = [0], [1]
+    chain.instructions = [
+        instr("DelegateCall", dc),
+        instr("JumpFalseCall", jf),
+        instr("KernelCall", k1),
+        instr("MoveCall", mv),
+        instr("KernelCall", k2),
+        instr("FreeCall", fr),
+    ]
+    op = Operator.OperatorT()
+    op.name, op.overload = "aten::add", "out"
+    spec = CompileSpec.CompileSpecT()
+    spec.key, spec.value = "scale", list(struct.pack("<f", scale))
+    ref = BackendDelegateDataReference.BackendDelegateDataReferenceT()
+    ref.location, ref.index = 0, 0
+    dlg = BackendDelegate.BackendDelegateT()
+    dlg.id, dlg.processed, dlg.compileSpecs = backend, ref, [spec]
+    plan = ExecutionPlan.ExecutionPlanT()
+    plan.name = "forward"
+    plan.values = values
+    plan.inputs, plan.outputs = [0], [1]
+    plan.chains = [chain]
+    plan.operators = [op]
+    plan.delegates = [dlg]
+    plan.nonConstBufferSizes = [0, 96]
+    blob = BackendDelegateInlineData.BackendDelegateInlineDataT()
+    blob.data = list(b"ETBTEST")
+    prog = Program.ProgramT()
+    prog.version = 0
+    prog.executionPlan = [plan]
+    prog.backendDelegateData = [blob]
+    prog.segments = []
+    path.write_bytes(pte.serialize(prog, [], 16))
+    return path

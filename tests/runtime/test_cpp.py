@@ -1,0 +1,103 @@
+"""The runtime driven from C++ (tests/runtime/cpp): a test backend behind a delegate call,
+jumps, moves and frees, the buffer loader, and init errors. The C++ tests are built once per
+session against the installed package's runtime_src (the same sources the wheel ships)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rt_helpers import write_delegate_program
+
+CPP_DIR = Path(__file__).resolve().parent / "cpp"
+BUILD_ROOT = Path(__file__).resolve().parents[2] / "build"
+
+
+@pytest.fixture(scope="session")
+def cpp_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Configures and builds tests/runtime/cpp once per session (incrementally, under build/)."""
+    from etbuild.pipeline.paths import RUNTIME_SRC_DIR
+
+    if shutil.which("cmake") is None or shutil.which("ninja") is None:
+        pytest.skip("cmake and ninja are needed to build the C++ runtime tests")
+    build = BUILD_ROOT / "runtime-tests" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("b")
+    cfg = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(CPP_DIR),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    res = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return build / "etb_runtime_tests"
+
+
+def _run(exe: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60)
+
+
+X = ["1", "2", "3", "-4", "0.5", "0"]
+
+
+@pytest.mark.parametrize("cond", [False, True])
+@pytest.mark.parametrize("mode", ["run", "buffer"])
+def test_delegate_jump_move_free(cpp_tests, tmp_path, cond, mode):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=2.5, cond=cond)
+    res = _run(cpp_tests, mode, str(prog), *X)
+    assert res.returncode == 0, res.stdout + res.stderr
+    values = [float(v) for v in res.stdout.split("output 0:")[1].splitlines()[0].split()]
+    assert values == [float(x) * 3.5 for x in X]
+    profile = res.stdout.split("profile:")[1].splitlines()[0].split()
+    expected = ["delegate", "jump_false", "move", "aten::add.out", "free"]
+    if cond:
+        expected.insert(2, "aten::add.out")
+    assert profile == expected
+    assert "backend: inits=1 destroys=1" in res.stdout
+
+
+def test_missing_backend(cpp_tests, tmp_path):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=1.0, cond=False)
+    res = _run(cpp_tests, "nobackend", str(prog), *X)
+    assert res.returncode == 1
+    assert "no backend 'EtbTestBackend' is registered" in res.stdout
+
+
+def test_unavailable_backend(cpp_tests, tmp_path):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=1.0, cond=False)
+    res = _run(cpp_tests, "unavailable", str(prog), *X)
+    assert res.returncode == 1 and "is not available" in res.stdout
+
+
+def test_no_kernels_registered(cpp_tests, tmp_path):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=1.0, cond=False)
+    res = _run(cpp_tests, "nokernels", str(prog), *X)
+    assert res.returncode == 1
+    assert "1 operator(s) have no kernel: aten::add.out" in res.stdout
+
+
+def test_python_rejects_unknown_backend(rt, tmp_path):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=1.0, cond=False)
+    with pytest.raises(rt.Error, match="no backend 'EtbTestBackend' is registered"):
+        rt.load(str(prog)).run([__import__("torch").zeros(2, 3)])
+
+
+def test_noop_rebuild_does_nothing(cpp_tests):
+    """Codegen rewrites files only when they change, so a second build has nothing to do."""
+    res = subprocess.run(
+        ["cmake", "--build", str(cpp_tests.parent)], capture_output=True, text=True
+    )
+    assert res.returncode == 0
+    assert "no work to do" in res.stdout, res.stdout

@@ -1,0 +1,191 @@
+"""Every error a user can hit returns an error (etbuild.runtime.Error), never a crash:
+truncated and bit-flipped program files, wrong inputs, a missing kernel, an undersized
+memory bank, a missing method."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from rt_helpers import build_with_executorch
+
+
+def _program_size(data: bytes) -> int:
+    assert data[8:12] == b"eh00"
+    return int.from_bytes(data[16:24], "little")
+
+
+def test_missing_file(rt, tmp_path):
+    with pytest.raises(rt.Error, match="cannot open"):
+        rt.load(str(tmp_path / "nope.pte"))
+
+
+def test_not_a_program(rt, tmp_path):
+    p = tmp_path / "x.pte"
+    p.write_bytes(b"hello world, this is not a program at all" * 4)
+    with pytest.raises(rt.Error, match="not a program file"):
+        rt.load(str(p))
+    p.write_bytes(b"")
+    with pytest.raises(rt.Error, match="empty"):
+        rt.load(str(p))
+
+
+def test_truncated(rt, zoo_build, tmp_path):
+    data = (zoo_build("mlp") / "model.pte").read_bytes()
+    psize = _program_size(data)
+    cuts = sorted(
+        {
+            1,
+            4,
+            8,
+            12,
+            39,
+            40,
+            100,
+            psize // 2,
+            psize - 1,
+            psize,
+            psize + 1,
+            len(data) // 2,
+            len(data) - 1,
+        }
+    )
+    for n in cuts:
+        p = tmp_path / f"t{n}.pte"
+        p.write_bytes(data[:n])
+        with pytest.raises(rt.Error):
+            prog = rt.load(str(p))
+            prog.run([torch.randn(4, 64)])
+
+
+def test_wrong_inputs(rt, zoo_build):
+    prog = rt.load(str(zoo_build("mobilenet") / "model.pte"))
+    x = torch.randn(1, 3, 224, 224)
+    with pytest.raises(rt.Error, match="input 0: expected dtype Float, got Long"):
+        prog.run([x.long()])
+    with pytest.raises(rt.Error, match=r"input 0: expected sizes \[1, 3, 224, 224\], got"):
+        prog.run([torch.randn(1, 3, 224, 223)])
+    with pytest.raises(rt.Error, match="input 0: expected 4 dims, got 3"):
+        prog.run([torch.randn(3, 224, 224)])
+    with pytest.raises(rt.Error, match="takes 1 inputs, got 2"):
+        prog.run([x, x])
+    with pytest.raises(rt.Error, match="expected a CPU tensor"):
+        prog.run(["not a tensor"])
+    # Non-contiguous input tensors are accepted (made contiguous).
+    (out,) = prog.run([x.transpose(2, 3).contiguous().transpose(2, 3)])
+    assert out.shape == (1, 1000)
+
+
+def test_dynamic_bounds(rt, zoo_build):
+    prog = rt.load(str(zoo_build("mlp") / "model.pte"))
+    with pytest.raises(rt.Error, match=r"exceed the dynamic bound \[16, 64\]"):
+        prog.run([torch.randn(17, 64)])
+    with pytest.raises(rt.Error, match=r"exceed the dynamic bound"):
+        prog.run([torch.randn(2, 128)])
+    (out,) = prog.run([torch.randn(2, 64)])
+    assert out.shape == (2, 10)
+
+
+def test_missing_method(rt, zoo_build):
+    prog = rt.load(str(zoo_build("mlp") / "model.pte"))
+    with pytest.raises(rt.Error, match="no method named 'backward'"):
+        prog.run([torch.randn(2, 64)], method="backward")
+
+
+def test_undersized_bank(rt, zoo_build):
+    prog = rt.load(str(zoo_build("mobilenet") / "model.pte"))
+    banks = prog.method_meta()["memory_banks"]
+    assert len(banks) >= 1 and banks[0] > 0
+    small = [banks[0] - 1] + banks[1:]
+    with pytest.raises(rt.Error, match="memory bank 0: buffer has .* plans"):
+        prog.init_method("forward", bank_sizes=small)
+    with pytest.raises(rt.Error, match="plans 1 memory banks, 0 were given"):
+        prog.init_method("forward", bank_sizes=[])
+    prog.init_method("forward", bank_sizes=banks)  # exactly the plan is enough
+    (out,) = prog.run([torch.randn(1, 3, 224, 224)])
+    assert out.shape == (1, 1000)
+
+
+def test_too_small_temp_memory(rt, zoo_build):
+    prog = rt.load(str(zoo_build("resnet18") / "model.pte"))
+    prog.init_method("forward", temp_bytes=64)
+    with pytest.raises(rt.Error, match="aten::convolution.out.*temp allocator"):
+        prog.run([torch.randn(1, 3, 224, 224)])
+
+
+@pytest.mark.oracle
+def test_missing_kernels_reported_together(rt, tmp_path):
+    pytest.importorskip("executorch")
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, 0) + torch.flip(x, [0])
+
+    path = build_with_executorch(M(), [torch.randn(4, 3)], tmp_path / "m.pte")
+    prog = rt.load(str(path))
+    with pytest.raises(rt.Error) as info:
+        prog.run([torch.randn(4, 3)])
+    msg = str(info.value)
+    assert "2 operator(s) have no kernel" in msg
+    assert "aten::cumsum.out" in msg and "aten::flip.out" in msg
+
+
+FUZZ_SCRIPT = textwrap.dedent(
+    """
+    import random, sys, torch
+    import etbuild.runtime as rt
+    src, tmp, inputs = sys.argv[1], sys.argv[2], sys.argv[5]
+    seed, count = int(sys.argv[3]), int(sys.argv[4])
+    data = bytearray(open(src, "rb").read())
+    psize = int.from_bytes(data[16:24], "little")
+    ins = torch.load(inputs)
+    rng = random.Random(seed)
+    outcomes = {"error": 0, "ran": 0}
+    for i in range(count):
+        d = bytearray(data)
+        # Mostly the flatbuffer (structure), sometimes the constant data.
+        hi = psize if rng.random() < 0.85 else len(d)
+        for _ in range(rng.choice([1, 1, 2, 4])):
+            pos = rng.randrange(0, hi)
+            d[pos] ^= 1 << rng.randrange(8) if rng.random() < 0.7 else rng.randrange(1, 256)
+        open(tmp, "wb").write(d)
+        try:
+            prog = rt.load(tmp)
+            for name in prog.method_names:
+                outs = prog.run(list(ins), method=name)
+                assert all(isinstance(o, torch.Tensor) for o in outs)
+            outcomes["ran"] += 1
+        except rt.Error:
+            outcomes["error"] += 1
+    print(outcomes)
+    """
+)
+
+
+@pytest.mark.parametrize("model,count", [("mlp", 400), ("transformer", 250)])
+def test_bit_flips_never_crash(zoo_build, tmp_path, model, count):
+    run_dir = zoo_build(model)
+    ref = torch.load(run_dir / "reference.pt")
+    inputs = tmp_path / "inputs.pt"
+    torch.save(ref["inputs"], inputs)
+    script = tmp_path / "fuzz.py"
+    script.write_text(FUZZ_SCRIPT)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(run_dir / "model.pte"),
+            str(tmp_path / "f.pte"),
+            "7",
+            str(count),
+            str(inputs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, f"crashed (rc={res.returncode}): {res.stderr[-2000:]}"
+    assert "'error'" in res.stdout

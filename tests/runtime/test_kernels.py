@@ -1,0 +1,264 @@
+"""Kernel conformance: each op of ops_yaml against torch eager, on randomized shapes and dtypes
+(size-1 and broadcast dims, odd sizes, groups), through programs built by etbuild's pipeline."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from rt_helpers import assert_matches
+from torch import nn
+
+
+class Fn(nn.Module):
+    """Wraps a function of the inputs (and optional constant tensors) as a module."""
+
+    def __init__(self, fn, **consts: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for k, v in consts.items():
+            self.register_buffer(k, v)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def _run_case(rt, pipeline_program, module, inputs, rel=1e-4):
+    module.eval()
+    with torch.no_grad():
+        want = module(*inputs)
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    prog = rt.load(str(pipeline_program(module, inputs)))
+    got = prog.run(list(inputs))
+    assert len(got) == len(wants)
+    for g, w in zip(got, wants, strict=True):
+        assert_matches(g, w, rel)
+
+
+def _rand(shape, dtype=torch.float32, gen=None):
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    return torch.randint(-50, 50, shape, generator=gen, dtype=dtype)
+
+
+def _broadcast_pair(rng: random.Random):
+    nd = rng.randint(1, 4)
+    a = [rng.choice([1, 2, 3, 5, 7]) for _ in range(nd)]
+    b = [s if rng.random() < 0.6 else 1 for s in a]
+    if rng.random() < 0.3:
+        b = b[rng.randint(0, nd - 1) :]  # fewer dims
+    if rng.random() < 0.5:
+        a, b = b, a
+    return a, b
+
+
+BINARY = {
+    "add": lambda m, x, y: x + y,
+    "add_alpha": lambda m, x, y: torch.add(x, y, alpha=2),
+    "sub": lambda m, x, y: x - y,
+    "mul": lambda m, x, y: x * y,
+    "div": lambda m, x, y: x / y,
+}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_broadcast(rt, pipeline_program, op, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    a, b = _broadcast_pair(rng)
+    x, y = _rand(a, gen=gen), _rand(b, gen=gen)
+    if op == "div":
+        y = y.abs() + 0.5
+    _run_case(rt, pipeline_program, Fn(BINARY[op]), [x, y])
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.int64, torch.int64),
+        (torch.int32, torch.int32),
+        (torch.float32, torch.int64),
+        (torch.int64, torch.float32),
+        (torch.int32, torch.int64),
+    ],
+)
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_binary_dtypes(rt, pipeline_program, op, dtypes):
+    gen = torch.Generator().manual_seed(1)
+    x = _rand([3, 5], dtypes[0], gen)
+    y = _rand([1, 5], dtypes[1], gen)
+    _run_case(rt, pipeline_program, Fn(BINARY[op]), [x, y])
+
+
+def test_mul_bool(rt, pipeline_program):
+    gen = torch.Generator().manual_seed(2)
+    x, y = _rand([4, 3], torch.bool, gen), _rand([4, 1], torch.bool, gen)
+    _run_case(rt, pipeline_program, Fn(BINARY["mul"]), [x, y])
+
+
+def test_binary_with_constant(rt, pipeline_program):
+    c = torch.randn(1, 6)
+    _run_case(rt, pipeline_program, Fn(lambda m, x: x * m.c + m.c, c=c), [torch.randn(3, 6)])
+
+
+UNARY = {
+    "relu": lambda m, x: torch.relu(x),
+    "relu6": lambda m, x: nn.functional.relu6(x),
+    "hardtanh": lambda m, x: nn.functional.hardtanh(x, -0.5, 0.75),
+    "gelu": lambda m, x: nn.functional.gelu(x),
+    "gelu_tanh": lambda m, x: nn.functional.gelu(x, approximate="tanh"),
+    "hardswish": lambda m, x: nn.functional.hardswish(x),
+    "hardsigmoid": lambda m, x: nn.functional.hardsigmoid(x),
+    "sigmoid": lambda m, x: torch.sigmoid(x),
+    "tanh": lambda m, x: torch.tanh(x),
+    "clamp": lambda m, x: torch.clamp(x, -0.3, 0.4),
+    "clamp_min": lambda m, x: torch.clamp(x, min=-0.1),
+    "softmax_last": lambda m, x: torch.softmax(x, -1),
+    "softmax_0": lambda m, x: torch.softmax(x, 0),
+    "mean_last": lambda m, x: x.mean(-1),
+    "mean_keep": lambda m, x: x.mean((0, 2), keepdim=True),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(rt, pipeline_program, op):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 7, 5, generator=gen) * 3
+    _run_case(rt, pipeline_program, Fn(UNARY[op]), [x])
+
+
+def test_layer_norm(rt, pipeline_program):
+    m = nn.LayerNorm(9)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-1, 1)
+    _run_case(rt, pipeline_program, m, [torch.randn(2, 3, 9) * 2 + 1])
+
+
+def _conv_case(seed: int):
+    rng = random.Random(seed)
+    groups = rng.choice([1, 1, 2, 3])
+    cin = groups * rng.choice([1, 2, 3])
+    cout = groups * rng.choice([1, 2, 4])
+    k = rng.choice([1, 2, 3, 5])
+    stride = rng.choice([1, 2, 3])
+    pad = rng.choice([0, 1, 2]) if k > 1 else rng.choice([0, 1])
+    dil = rng.choice([1, 1, 2])
+    h = rng.randint(k * dil, 13)
+    w = rng.randint(k * dil, 11)
+    n = rng.choice([1, 2])
+    bias = rng.random() < 0.5
+    return nn.Conv2d(cin, cout, k, stride, pad, dil, groups, bias=bias), torch.randn(n, cin, h, w)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_conv2d_random(rt, pipeline_program, seed):
+    torch.manual_seed(seed)
+    conv, x = _conv_case(seed)
+    _run_case(rt, pipeline_program, conv, [x])
+
+
+@pytest.mark.parametrize(
+    "cin,mult,stride,k", [(8, 1, 1, 3), (8, 1, 2, 3), (6, 2, 1, 3), (5, 1, 2, 5), (16, 1, 1, 1)]
+)
+def test_conv2d_depthwise(rt, pipeline_program, cin, mult, stride, k):
+    torch.manual_seed(cin + stride)
+    conv = nn.Conv2d(cin, cin * mult, k, stride, k // 2, groups=cin, bias=True)
+    _run_case(rt, pipeline_program, conv, [torch.randn(1, cin, 15, 12)])
+
+
+def test_conv2d_pointwise_large(rt, pipeline_program):
+    torch.manual_seed(5)
+    conv = nn.Conv2d(37, 70, 1)
+    _run_case(rt, pipeline_program, conv, [torch.randn(1, 37, 19, 17)])
+
+
+def test_conv2d_im2col_large(rt, pipeline_program):
+    torch.manual_seed(6)
+    conv = nn.Conv2d(64, 33, 3, 1, 1)
+    _run_case(rt, pipeline_program, conv, [torch.randn(1, 64, 30, 29)])
+
+
+def test_conv1d(rt, pipeline_program):
+    torch.manual_seed(7)
+    conv = nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2)
+    _run_case(rt, pipeline_program, conv, [torch.randn(2, 4, 17)])
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (4, 32, 32), (13, 67, 45), (33, 300, 65)])
+def test_linear_addmm(rt, pipeline_program, m, k, n):
+    torch.manual_seed(m + k + n)
+    _run_case(rt, pipeline_program, nn.Linear(k, n), [torch.randn(m, k)])
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 33, 9), (17, 64, 40)])
+def test_mm(rt, pipeline_program, m, k, n):
+    torch.manual_seed(1)
+    _run_case(
+        rt, pipeline_program, Fn(lambda mod, a, b: a @ b), [torch.randn(m, k), torch.randn(k, n)]
+    )
+
+
+@pytest.mark.parametrize("b,m,k,n", [(1, 2, 3, 4), (3, 7, 16, 33)])
+def test_bmm(rt, pipeline_program, b, m, k, n):
+    torch.manual_seed(2)
+    _run_case(
+        rt,
+        pipeline_program,
+        Fn(lambda mod, x, y: torch.bmm(x, y)),
+        [torch.randn(b, m, k), torch.randn(b, k, n)],
+    )
+
+
+POOL = {
+    "maxpool_3s2": nn.MaxPool2d(3, 2, 1),
+    "maxpool_ceil": nn.MaxPool2d(2, 2, ceil_mode=True),
+    "maxpool_dil": nn.MaxPool2d(3, 1, 1, dilation=2),
+    "avgpool_2": nn.AvgPool2d(2),
+    "avgpool_pad": nn.AvgPool2d(3, 2, 1),
+    "avgpool_nopad": nn.AvgPool2d(3, 2, 1, count_include_pad=False),
+    "avgpool_ceil": nn.AvgPool2d(3, 2, 0, ceil_mode=True),
+    "adaptive_1": nn.AdaptiveAvgPool2d(1),
+    "adaptive_3x2": nn.AdaptiveAvgPool2d((3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOL))
+def test_pooling(rt, pipeline_program, name):
+    torch.manual_seed(4)
+    _run_case(rt, pipeline_program, POOL[name], [torch.randn(2, 3, 11, 9)])
+
+
+SHAPE_OPS = {
+    "view": lambda m, x: x.reshape(x.shape[0], -1) * 2,
+    "permute": lambda m, x: x.permute(2, 0, 1) + 1,
+    "transpose": lambda m, x: x.transpose(0, 1) * 1,
+    "expand": lambda m, x: x[:, :1].expand(-1, 4, -1) + 0,
+    "slice": lambda m, x: x[:, 1:5:2] * 3,
+    "slice_neg": lambda m, x: x[..., -3:] * 3,
+    "select": lambda m, x: x[:, 2] * 3,
+    "cat": lambda m, x: torch.cat([x, x * 2], 1),
+    "cat_last": lambda m, x: torch.cat([x * 2, x, x + 1], -1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_OPS))
+def test_shape_ops(rt, pipeline_program, name):
+    torch.manual_seed(5)
+    _run_case(rt, pipeline_program, Fn(SHAPE_OPS[name]), [torch.randn(3, 6, 5)])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_shape_ops_int(rt, pipeline_program, dtype):
+    x = torch.randint(-9, 9, (4, 5), dtype=dtype)
+    _run_case(rt, pipeline_program, Fn(lambda m, x: torch.cat([x.t(), x.t()], 0) + x.t()[:1]), [x])
+
+
+def test_embedding(rt, pipeline_program):
+    torch.manual_seed(6)
+    emb = nn.Embedding(50, 8)
+    _run_case(rt, pipeline_program, emb, [torch.randint(0, 50, (3, 7))])

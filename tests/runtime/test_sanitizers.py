@@ -1,0 +1,121 @@
+"""The error paths under AddressSanitizer and UndefinedBehaviorSanitizer.
+
+Opt-in (a separate Debug build of the runtime with -fsanitize=address,undefined takes a
+minute): set ETB_SANITIZER_TESTS=1 (CI does). The sanitized etb_runner and the C++ test driver
+run truncated, bit-flipped and mismatched inputs; any sanitizer report fails the test."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rt_helpers import write_delegate_program
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("ETB_SANITIZER_TESTS") != "1", reason="set ETB_SANITIZER_TESTS=1"
+)
+
+CPP_DIR = Path(__file__).resolve().parent / "cpp"
+BUILD_ROOT = Path(__file__).resolve().parents[2] / "build"
+RUNTIME_SRC = Path(__file__).resolve().parents[2] / "runtime_src"
+ENV = {
+    **os.environ,
+    "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1",
+}
+
+
+@pytest.fixture(scope="session")
+def sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from etbuild.pipeline.paths import RUNTIME_SRC_DIR
+
+    build = (
+        BUILD_ROOT / "runtime-tests-asan" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("a")
+    )
+    cfg = subprocess.run(
+        ["cmake", "-S", str(CPP_DIR), "-B", str(build), "-G", "Ninja",
+         f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}",
+         "-DCMAKE_BUILD_TYPE=Debug", "-DETB_SANITIZE=address,undefined"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    res = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return build
+
+
+def _check(res: subprocess.CompletedProcess, ok_codes=(0, 1)) -> None:
+    report = "ERROR: AddressSanitizer" in res.stderr or "runtime error:" in res.stderr
+    assert not report and res.returncode in ok_codes, res.stderr[-3000:]
+
+
+def _inputs(run_dir: Path, out: Path) -> list[str]:
+    subprocess.run(
+        [sys.executable, str(RUNTIME_SRC / "runner" / "dump_inputs.py"),
+         str(run_dir / "reference.pt"), str(out)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return [a for p in sorted(out.glob("input_*.etbt")) for a in ("--input", str(p))]
+
+
+def test_delegate_program_sanitized(sanitized, tmp_path):
+    prog = write_delegate_program(tmp_path / "d.pte", scale=2.0, cond=True)
+    for mode in ("run", "buffer", "nokernels", "nobackend", "unavailable"):
+        res = subprocess.run(
+            [str(sanitized / "etb_runtime_tests"), mode, str(prog), "1", "2", "3", "4", "5", "6"],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
+        _check(res)
+
+
+@pytest.mark.parametrize("model,count", [("mlp", 250), ("transformer", 150)])
+def test_bit_flips_and_truncation_sanitized(sanitized, zoo_build, tmp_path, model, count):
+    run_dir = zoo_build(model)
+    inputs = _inputs(run_dir, tmp_path)
+    runner = str(sanitized / "runtime" / "etb_runner")
+    data = (run_dir / "model.pte").read_bytes()
+    psize = int.from_bytes(data[16:24], "little")
+    res = subprocess.run([runner, str(run_dir / "model.pte"), *inputs, "--iters", "1"],
+                         capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    _check(res, ok_codes=(0,))
+    rng = random.Random(11)
+    path = tmp_path / "m.pte"
+    for n in [8, 40, psize // 2, psize - 1, psize, len(data) - 1]:
+        path.write_bytes(data[:n])
+        _check(subprocess.run([runner, str(path), *inputs], capture_output=True, text=True,
+                              env=ENV, timeout=120))  # fmt: skip
+    for _ in range(count):
+        d = bytearray(data)
+        hi = psize if rng.random() < 0.9 else len(d)
+        for _ in range(rng.choice([1, 1, 2, 4])):
+            d[rng.randrange(hi)] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(d))
+        res = subprocess.run([runner, str(path), *inputs, "--iters", "1", "--warmup", "0"],
+                             capture_output=True, text=True, errors="replace", env=ENV,
+                             timeout=120)  # fmt: skip
+        _check(res)
+
+
+def test_wrong_input_sanitized(sanitized, zoo_build, tmp_path):
+    run_dir = zoo_build("mlp")
+    bad = tmp_path / "x.etbt"
+    t = torch.zeros(4, 64, dtype=torch.int64)
+    sys.path.insert(0, str(RUNTIME_SRC / "runner"))
+    from dump_inputs import write_etbt
+
+    write_etbt(bad, t)
+    res = subprocess.run(
+        [str(sanitized / "runtime" / "etb_runner"), str(run_dir / "model.pte"), "--input",
+         str(bad)],
+        capture_output=True, text=True, env=ENV, timeout=120,
+    )  # fmt: skip
+    _check(res)
+    assert "input 0: expected dtype Float, got Long" in res.stderr
