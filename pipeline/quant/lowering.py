@@ -124,8 +124,23 @@ class _Lowering:
                 node.meta["val"] = v.meta["val"].to(src_val.dtype)
         return node
 
-    def activation_tail(self, node: fx.Node) -> fx.Node | None:
-        return _sole_user(node, aten.relu.default, aten.hardtanh.default)
+    def requantized_output(self, n: fx.Node) -> tuple[fx.Node, float, int, int, int] | None:
+        """(quantize node, scale, zero point, clamp low, clamp high) of ``n``'s int8 output,
+        through an optional ReLU/ReLU6 that becomes the clamp."""
+        act = _sole_user(n, aten.relu.default, aten.hardtanh.default)
+        q = _quant_user(act or n)
+        if q is None:
+            return None
+        qnode, scale, zp, qmin, qmax = q
+        return (qnode, scale, zp, *self.clamp_bounds(act, scale, zp, qmin, qmax))
+
+    def weight_consts(self, n: fx.Node, wq: tuple[torch.Tensor, torch.Tensor]):
+        """Constant nodes for an int8 weight and its per-channel scales."""
+        weight, scales = wq
+        return (
+            self.g.add_const(weight, f"{n.name}_wq"),
+            self.g.add_const(scales, f"{n.name}_wscale"),
+        )
 
     # -- patterns ----------------------------------------------------------------------
 
@@ -138,18 +153,13 @@ class _Lowering:
         wq = self.weight(w, out_channels)
         if wq is None or len(n.meta["val"].shape) != 4:
             return
-        act = self.activation_tail(n)
-        q = _quant_user(act or n)
-        if q is None:
+        out = self.requantized_output(n)
+        if out is None:
             return
-        qnode, os_, ozp, qmin, qmax = q
-        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        qnode, os_, ozp, lo, hi = out
         src, xs, xzp = xq
-        weight, scales = wq
-        bias = self.fp32_bias(b, n)
-        args = (src, xs, xzp, self.g.add_const(weight, f"{n.name}_wq"),
-                self.g.add_const(scales, f"{n.name}_wscale"), bias, list(stride), list(padding),
-                list(dilation), groups, os_, ozp, lo, hi)  # fmt: skip
+        args = (src, xs, xzp, *self.weight_consts(n, wq), self.fp32_bias(b, n), list(stride),
+                list(padding), list(dilation), groups, os_, ozp, lo, hi)  # fmt: skip
         self.replace(qnode, E.conv2d.default, args)
 
     def fp32_bias(self, b: fx.Node | None, n: fx.Node) -> fx.Node | None:
@@ -178,18 +188,13 @@ class _Lowering:
         xq = _dequant(source)
         if xq is None:
             return
-        act = self.activation_tail(n)
-        q = _quant_user(act or n)
-        if q is None:
+        out = self.requantized_output(n)
+        if out is None:
             return
-        qnode, os_, ozp, qmin, qmax = q
-        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        qnode, os_, ozp, lo, hi = out
         src, xs, xzp = xq
-        weight, scales = wq
-        src = self.with_views(src, views)
-        args = (src, xs, xzp, self.g.add_const(weight, f"{n.name}_wq"),
-                self.g.add_const(scales, f"{n.name}_wscale"), self.fp32_bias(b, n),
-                os_, ozp, lo, hi)  # fmt: skip
+        args = (self.with_views(src, views), xs, xzp, *self.weight_consts(n, wq),
+                self.fp32_bias(b, n), os_, ozp, lo, hi)  # fmt: skip
         self.replace(qnode, E.linear.default, args)
 
     def dynamic_linear(self, n, source, views, wq, b) -> bool:
@@ -200,11 +205,7 @@ class _Lowering:
         if not _is(q, qd.quantize_per_tensor.tensor):
             return False
         x = q.args[0]
-        weight, scales = wq
-        src = self.with_views(x, views)
-        bias = self.fp32_bias(b, n)
-        args = (src, self.g.add_const(weight, f"{n.name}_wq"),
-                self.g.add_const(scales, f"{n.name}_wscale"), bias)  # fmt: skip
+        args = (self.with_views(x, views), *self.weight_consts(n, wq), self.fp32_bias(b, n))
         self.replace(n, E.dynamic_linear.default, args)
         return True
 
@@ -214,12 +215,10 @@ class _Lowering:
         a, b = (_dequant(x) for x in n.args)
         if a is None or b is None:
             return
-        act = self.activation_tail(n)
-        q = _quant_user(act or n)
-        if q is None:
+        out = self.requantized_output(n)
+        if out is None:
             return
-        qnode, os_, ozp, qmin, qmax = q
-        lo, hi = self.clamp_bounds(act, os_, ozp, qmin, qmax)
+        qnode, os_, ozp, lo, hi = out
         args = (a[0], a[1], a[2], b[0], b[1], b[2], os_, ozp, lo, hi)
         self.replace(qnode, E.add.default, args)
 
