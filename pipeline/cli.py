@@ -11,30 +11,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from .config import QuantScheme, TargetKind, register_configs, validate
+from .config import register_configs, validate
 from .errors import EtbuildError
 from .paths import CONF_DIR
+from .toolchain import resolve as resolve_toolchain
 
 
 def check_supported(cfg: DictConfig) -> None:
     """Reject settings this version composes but cannot build yet, before any work."""
-    if cfg.quant.scheme != QuantScheme.none:
-        # The quantize stage and the int8 lowering exist; the runtime's int8 kernels do not
-        # yet, and a program no runtime can run is not a deliverable.
-        raise EtbuildError(
-            f"quant.scheme={cfg.quant.scheme.value}: int8 programs need the runtime's int8 "
-            "kernels, which this version does not have yet; leave quant out (fp32)"
-        )
     if cfg.partitioner.name != "none":
         raise EtbuildError(
             f"partitioner.name={cfg.partitioner.name!r}: no delegate partitioners exist in "
             "this version; leave partitioner out"
         )
-    if cfg.target.kind != TargetKind.host:
-        raise EtbuildError(
-            f"target.kind={cfg.target.kind.value} is not supported by this version of "
-            "etbuild; use +target=host"
-        )
+    # The target's toolchain (compilers, NDK, qemu) must exist before any expensive stage.
+    resolve_toolchain(cfg.target, need_run=cfg.pipeline.verify.enabled)
 
 
 def build(cfg: DictConfig, run_dir: Path) -> None:

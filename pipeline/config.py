@@ -170,10 +170,24 @@ class TargetKind(Enum):
 
 @dataclass
 class TargetConfig:
-    """The device toolchain. Absent means the build machine itself."""
+    """The device toolchain. Absent means the build machine itself.
+
+    ``compiler_prefix`` names a GNU cross toolchain (``aarch64-linux-gnu-`` finds
+    ``aarch64-linux-gnu-g++``, ``-strip``, ``-nm``); ``toolchain_file`` is a CMake toolchain
+    file used instead. android: ``ndk`` (else ``ANDROID_NDK_HOME``, else ``ANDROID_NDK_ROOT``),
+    ``abi`` and ``api_level``. ``qemu`` runs a linux_aarch64 runner here with
+    ``qemu-aarch64 -L <qemu_sysroot>``.
+    """
 
     name: str = "host"
     kind: TargetKind = TargetKind.host
+    compiler_prefix: str | None = None
+    toolchain_file: str | None = None
+    ndk: str | None = None
+    abi: str = "arm64-v8a"
+    api_level: int = 28
+    qemu: str = "qemu-aarch64"
+    qemu_sysroot: str = "/usr/aarch64-linux-gnu"
 
 
 class Planner(Enum):
@@ -209,6 +223,7 @@ class StageName(Enum):
     plan = "plan"
     emit = "emit"
     select = "select"
+    build = "build"
     reference = "reference"
     verify = "verify"
     report = "report"
@@ -243,6 +258,22 @@ class PipelineConfig:
 
 
 @dataclass
+class BuildConfig:
+    """The runtime build (CMake + Ninja, the target's toolchain, only the selected kernels).
+
+    Builds are cached under ``cache_dir`` (default ``$ETBUILD_CACHE_DIR``, else
+    ``~/.cache/etbuild/builds``), keyed by the sources, the selection, the toolchain and the
+    flags. ``size_budget_kb`` fails the build when the tailored runtime (core + kernels +
+    registration) is larger. ``compare_all_ops`` also links an all-ops runner for the size
+    report's comparison.
+    """
+
+    cache_dir: str | None = None
+    size_budget_kb: float | None = None
+    compare_all_ops: bool = True
+
+
+@dataclass
 class EtbuildConfig:
     """The whole manifest."""
 
@@ -251,6 +282,7 @@ class EtbuildConfig:
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 

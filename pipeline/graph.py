@@ -70,6 +70,30 @@ class Graph:
     def call_nodes(self) -> list[fx.Node]:
         return [n for n in self.fx_graph.nodes if n.op == "call_function"]
 
+    def execute(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """Run the graph in eager torch, every tensor contiguous as in the runtime.
+
+        A reference execution of the lowered program (int8 ops run their Python reference
+        implementations), for checking lowering and kernels.
+        """
+        it = iter(inputs)
+        args = [
+            self.constants[n.name] if n.name in self.constants else next(it)
+            for n in self.fx_graph.nodes
+            if n.op == "placeholder"
+        ]
+        gm = fx.GraphModule(torch.nn.Module(), self.fx_graph)
+        out = _Contiguous(gm).run(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+class _Contiguous(fx.Interpreter):
+    """An interpreter that makes every tensor it produces contiguous."""
+
+    def run_node(self, n: fx.Node) -> object:
+        out = super().run_node(n)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
 
 def source_of(node: fx.Node) -> str:
     """ "file:line  code" of the innermost model frame (outside torch) that made ``node``."""

@@ -126,6 +126,11 @@ def wrap_scalar_tensor_args(g: Graph) -> int:
             continue
         out = _val(node)
         args = list(node.args)
+        if _symbolic_tensor_arg(node) and hasattr(node.target.overloadpacket, "Scalar"):
+            # ``x + x.shape[0]``: a run-time size where a tensor is expected. The .Scalar
+            # overload takes it as a Scalar (and the op check names it if it has no kernel).
+            node.target = node.target.overloadpacket.Scalar
+            continue
         for i, arg in enumerate(node.target._schema.arguments[: len(args)]):
             value = args[i]
             if isinstance(arg.type, torch.TensorType) and isinstance(value, (int, float, bool)):
@@ -137,6 +142,15 @@ def wrap_scalar_tensor_args(g: Graph) -> int:
                 count += 1
         node.args = tuple(args)
     return count
+
+
+def _symbolic_tensor_arg(node: fx.Node) -> bool:
+    """True when a Tensor argument of ``node`` is a symbolic size (a SymInt node)."""
+    for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
+        if isinstance(arg.type, torch.TensorType) and isinstance(value, fx.Node):
+            if isinstance(value.meta.get("val"), torch.SymInt):
+                return True
+    return False
 
 
 def _getitem_users(node: fx.Node) -> dict[int, fx.Node]:

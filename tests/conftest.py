@@ -28,6 +28,13 @@ if str(TESTS_DIR) not in sys.path:
 # ``from conftest import ...`` would depend on collection order.
 sys.modules["etbuild_test_support"] = sys.modules[__name__]
 
+# Runtime builds go to a cache private to this test session (never the user's ~/.cache); CLI
+# subprocesses inherit it. Builds with the same selection share it within the session.
+if not os.environ.get("ETBUILD_CACHE_DIR"):
+    import tempfile
+
+    os.environ["ETBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="etbuild-test-cache-")
+
 ARTIFACTS = (
     "model.pte",
     "manifest.json",

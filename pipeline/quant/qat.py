@@ -21,4 +21,4 @@ class DistillStep:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())

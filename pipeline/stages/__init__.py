@@ -2,6 +2,7 @@
 
 from ..runner import Stage
 from . import (
+    build,
     emit,
     export,
     lower,
@@ -24,6 +25,7 @@ STAGES: list[Stage] = [
     Stage("plan", plan.run),
     Stage("emit", emit.run),
     Stage("select", select.run),
+    Stage("build", build.run),
     Stage("reference", reference.run),
     Stage("verify", verify.run),
     Stage("report", report.run),

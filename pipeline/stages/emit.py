@@ -17,25 +17,8 @@ from ..errors import EtbuildError
 from ..ir import Instruction, Program, SymValue, TensorValue
 from ..planner import Plan
 from ..runner import Context
+from ..scalar_types import SCALAR_TYPES
 
-SCALAR_TYPES: dict[torch.dtype, int] = {
-    torch.uint8: 0,
-    torch.int8: 1,
-    torch.int16: 2,
-    torch.int32: 3,
-    torch.int64: 4,
-    torch.float16: 5,
-    torch.float32: 6,
-    torch.float64: 7,
-    torch.bool: 11,
-    torch.qint8: 12,
-    torch.quint8: 13,
-    torch.qint32: 14,
-    torch.bfloat16: 15,
-    torch.uint16: 27,
-    torch.uint32: 28,
-    torch.uint64: 29,
-}
 MEMORY_FORMATS = {
     torch.contiguous_format: 0,
     torch.preserve_format: 1,

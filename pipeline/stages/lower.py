@@ -109,9 +109,9 @@ def check_ops(g: Graph) -> dict[str, int]:
     return dict(sorted(used.items()))
 
 
-def run(ctx: Context) -> None:
-    ep = ctx.artifacts["exported"].run_decompositions()
-    g = graph_from_exported(ep)
+def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, object]]:
+    """Core-ATen decompositions and every graph pass; returns the graph and pass counts."""
+    g = graph_from_exported(ep.run_decompositions())
     before = len(g.call_nodes())
     noops = passes.drop_noops(g)
     int8_kernels = 0
@@ -126,13 +126,19 @@ def run(ctx: Context) -> None:
     folded += passes.fold_constants(g)
     noops += passes.drop_noops(g)
     g.drop_dead()
+    facts = {
+        "nodes": f"{before}->{len(g.call_nodes())}",
+        "bn_folded": folded_bn + rewritten_bn,
+        "const_folded": folded,
+        "noops_dropped": noops,
+        "int8_kernels": int8_kernels,
+    }
+    return g, facts
+
+
+def run(ctx: Context) -> None:
+    g, facts = lower_graph(ctx.artifacts["exported"])
     ctx.note_read("ops_yaml", ops_yaml_digest())
     ctx.artifacts["op_counts"] = check_ops(g)
     ctx.artifacts["graph"] = g
-    ctx.summarize(
-        nodes=f"{before}->{len(g.call_nodes())}",
-        bn_folded=folded_bn + rewritten_bn,
-        const_folded=folded,
-        noops_dropped=noops,
-        int8_kernels=int8_kernels,
-    )
+    ctx.summarize(**facts)

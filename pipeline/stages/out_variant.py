@@ -65,101 +65,110 @@ def _bind(node: fx.Node) -> dict[str, Any]:
     return bound
 
 
-def build_program(g: Graph) -> Program:
-    ops = load_ops()
-    env: dict[fx.Node, Any] = {}
-    values: list[TensorValue] = []
-    inputs: list[TensorValue] = []
-    instructions: list[Instruction] = []
+class _ProgramBuilder:
+    """Walks the lowered FX graph once, turning each node into program values/instructions."""
 
-    def new_value(name: str, val: torch.Tensor) -> TensorValue:
-        tv = tensor_value(name, val)
-        values.append(tv)
+    def __init__(self) -> None:
+        self.ops = load_ops()
+        self.env: dict[fx.Node, Any] = {}
+        self.values: list[TensorValue] = []
+        self.inputs: list[TensorValue] = []
+        self.outputs: list[TensorValue] = []
+        self.instructions: list[Instruction] = []
+
+    def value(self, tv: TensorValue) -> TensorValue:
+        self.values.append(tv)
         return tv
 
-    def lookup(a: Any) -> Any:
-        return fx.node.map_aggregate(a, lambda x: env[x] if isinstance(x, fx.Node) else x)
+    def lookup(self, a: Any) -> Any:
+        return fx.node.map_aggregate(a, lambda x: self.env[x] if isinstance(x, fx.Node) else x)
 
-    for node in g.fx_graph.nodes:
-        if node.op == "placeholder":
-            if g.is_const(node):
-                data = g.const(node)
-                tv = TensorValue(node.name, tuple(data.shape), data.dtype, data=data)
-                values.append(tv)
+    def placeholder(self, g: Graph, node: fx.Node) -> TensorValue:
+        if g.is_const(node):
+            data = g.const(node)
+            return self.value(TensorValue(node.name, tuple(data.shape), data.dtype, data=data))
+        tv = self.value(tensor_value(node.name, node.meta["val"]))
+        tv.is_input = True
+        self.inputs.append(tv)
+        return tv
+
+    def output(self, node: fx.Node) -> None:
+        self.outputs = [self.lookup(o) for o in pytree.tree_leaves(node.args[0])]
+        for o in self.outputs:
+            if not isinstance(o, TensorValue):
+                raise EtbuildError(
+                    f"model output {o!r} is not a tensor; programs return tensors only"
+                )
+            o.is_output = True
+
+    def call(self, node: fx.Node) -> Any:
+        if node.target is operator.getitem:
+            return self.env[node.args[0]][node.args[1]]
+        key = required_kernel(node)
+        if key == "":
+            return self.view(node)
+        op = self.ops[key]
+        if (
+            isinstance(node.target, torch._ops.OpOverload)
+            and node.target._schema.name != "aten::sym_size"
+        ):
+            bound = _bind(node)
+        else:  # symbolic-size ops: positional
+            bound = {a.name: v for a, v in zip(op.schema.arguments, node.args, strict=False)}
+        args: list[Any] = []
+        returns: list[Any] = []
+        val = node.meta.get("val")
+        outs = iter(val if isinstance(val, (list, tuple)) else [val])
+        for arg in op.schema.arguments:
+            if arg.is_out:
+                name = f"{node.name}_{arg.name}" if len(op.schema.returns) > 1 else node.name
+                tv = self.value(tensor_value(name, next(outs)))
+                args.append(tv)
+                returns.append(tv)
+            elif arg.name in bound:
+                args.append(self.lookup(bound[arg.name]))
+            elif arg.has_default_value():
+                args.append(arg.default_value)
             else:
-                tv = new_value(node.name, node.meta["val"])
-                tv.is_input = True
-                inputs.append(tv)
-            env[node] = tv
-        elif node.op == "call_function":
-            env[node] = _convert_call(node, env, lookup, new_value, ops, instructions, values)
-        elif node.op == "output":
-            outs = [lookup(o) for o in pytree.tree_leaves(node.args[0])]
-            for o in outs:
-                if not isinstance(o, TensorValue):
-                    raise EtbuildError(
-                        f"model output {o!r} is not a tensor; programs return tensors only"
-                    )
-                o.is_output = True
-    return Program(
-        inputs=inputs,
-        outputs=outs,
-        instructions=instructions,
-        in_spec=pytree.treespec_dumps(g.in_spec) if g.in_spec is not None else "",
-        out_spec=pytree.treespec_dumps(g.out_spec) if g.out_spec is not None else "",
-        values=values,
-    )
+                raise EtbuildError(
+                    f"ops_yaml schema of {key} has argument {arg.name!r} that {node.target} "
+                    "does not provide; fix the schema in ops_yaml/"
+                )
+        if not returns:  # symbolic-size op: one Int result
+            returns.append(SymValue(node.name))
+        self.instructions.append(Instruction(op, args, returns, source=source_of(node)))
+        return returns[0] if len(returns) == 1 else tuple(returns)
 
-
-def _convert_call(node, env, lookup, new_value, ops, instructions, values) -> Any:
-    if node.target is operator.getitem:
-        return env[node.args[0]][node.args[1]]
-    key = required_kernel(node)
-    if key == "":  # a view that moves no data: share the input's storage
-        src = env[node.args[0]]
+    def view(self, node: fx.Node) -> TensorValue:
+        """A view that moves no data: it shares its input's storage (constants: its data)."""
+        src = self.env[node.args[0]]
         val = node.meta["val"]
         if src.is_constant:
-            tv = TensorValue(
-                node.name, tuple(val.shape), val.dtype, data=src.data.reshape(val.shape)
-            )
-            values.append(tv)
-            return tv
-        tv = new_value(node.name, val)
+            data = src.data.reshape(val.shape)
+            return self.value(TensorValue(node.name, tuple(val.shape), val.dtype, data=data))
+        tv = self.value(tensor_value(node.name, val))
         tv.alias_of = src
         return tv
-    op = ops[key]
-    if (
-        isinstance(node.target, torch._ops.OpOverload)
-        and node.target._schema.name != "aten::sym_size"
-    ):
-        bound = _bind(node)
-    else:  # symbolic-size ops: positional
-        bound = {a.name: v for a, v in zip(op.schema.arguments, node.args, strict=False)}
-    args: list[Any] = []
-    returns: list[Any] = []
-    val = node.meta.get("val")
-    outs = iter(val if isinstance(val, (list, tuple)) else [val])
-    for arg in op.schema.arguments:
-        if arg.is_out:
-            out_val = next(outs)
-            tv = new_value(
-                f"{node.name}_{arg.name}" if len(op.schema.returns) > 1 else node.name, out_val
-            )
-            args.append(tv)
-            returns.append(tv)
-        elif arg.name in bound:
-            args.append(lookup(bound[arg.name]))
-        elif arg.has_default_value():
-            args.append(arg.default_value)
-        else:
-            raise EtbuildError(
-                f"ops_yaml schema of {key} has argument {arg.name!r} that {node.target} does "
-                "not provide; fix the schema in ops_yaml/"
-            )
-    if not returns:  # symbolic-size op: one Int result
-        returns.append(SymValue(node.name))
-    instructions.append(Instruction(op=op, args=args, returns=returns, source=source_of(node)))
-    return returns[0] if len(returns) == 1 else tuple(returns)
+
+
+def build_program(g: Graph) -> Program:
+    """The program IR of a lowered graph: every op in its ops_yaml ``.out`` form."""
+    b = _ProgramBuilder()
+    for node in g.fx_graph.nodes:
+        if node.op == "placeholder":
+            b.env[node] = b.placeholder(g, node)
+        elif node.op == "call_function":
+            b.env[node] = b.call(node)
+        elif node.op == "output":
+            b.output(node)
+    return Program(
+        inputs=b.inputs,
+        outputs=b.outputs,
+        instructions=b.instructions,
+        in_spec=pytree.treespec_dumps(g.in_spec) if g.in_spec is not None else "",
+        out_spec=pytree.treespec_dumps(g.out_spec) if g.out_spec is not None else "",
+        values=b.values,
+    )
 
 
 def run(ctx: Context) -> None:

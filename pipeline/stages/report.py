@@ -9,6 +9,40 @@ def _kb(n: int) -> str:
     return f"{n:,} B ({n / 1024:,.1f} KiB)"
 
 
+def _size_section(cfg, sizes: dict) -> list[str]:
+    lines = [
+        "",
+        f"## Runtime size ({cfg.target.name})",
+        "",
+        "Core: the stripped `etb_size_test` (executor, no kernels). Kernels and registration: "
+        "the symbol sizes (`nm --size-sort`) in the linked runner (`--gc-sections`).",
+        "",
+        "| part | tailored |" + (" all ops |" if "all_ops_bytes" in sizes else ""),
+        "|---|---|" + ("---|" if "all_ops_bytes" in sizes else ""),
+    ]
+    rows = [
+        ("core", "core_bytes", "core_bytes"),
+        ("kernels", "kernels_bytes", "all_ops_kernels_bytes"),
+        ("registration", "registration_bytes", "all_ops_registration_bytes"),
+        ("**runtime (core + kernels + registration)**", "tailored_bytes", "all_ops_bytes"),
+        ("runner binary, stripped", "runner_stripped_bytes", "all_ops_runner_stripped_bytes"),
+    ]
+    for label, mine, full in rows:
+        cell = f"| {label} | {_kb(sizes[mine])} |"
+        if "all_ops_bytes" in sizes:
+            cell += f" {_kb(sizes[full])} |"
+        lines.append(cell)
+    if "all_ops_bytes" in sizes:
+        ratio = sizes["tailored_bytes"] / sizes["all_ops_bytes"]
+        lines += ["", f"The tailored runtime is {ratio:.2f}x the all-ops runtime."]
+    budget = cfg.build.size_budget_kb
+    if budget is not None:
+        lines += ["", f"Size budget: {budget:g} KiB (build.size_budget_kb)."]
+    lines += ["", "Largest kernels:", "", "| kernel | bytes |", "|---|---|"]
+    lines += [f"| `{name}` | {n:,} |" for n, name in sizes["largest_kernels"]]
+    return lines
+
+
 def render(ctx: Context) -> str:
     cfg = ctx.cfg
     a = ctx.artifacts
@@ -61,6 +95,9 @@ def render(ctx: Context) -> str:
     for key, info in a["selection"].items():
         dtypes = "; ".join(f"{arg}: {'/'.join(d)}" for arg, d in info["dtypes"].items())
         lines.append(f"| `{key}` | {info['count']} | {dtypes} |")
+    sizes = a.get("runtime_sizes")
+    if sizes:
+        lines += _size_section(cfg, sizes)
     verify = a.get("verify")
     if verify:
         lines += ["", "## Verification on the etbuild runtime", "", "| what | value |", "|---|---|"]

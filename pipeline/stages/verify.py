@@ -1,4 +1,6 @@
-"""The `verify` stage: run model.pte on the etbuild runtime and compare with eager.
+"""The `verify` stage: run model.pte with the runner the build stage built for the target
+(natively, or under qemu for linux_aarch64) and compare with eager. Where the target cannot
+run here (android), the report says the runtime was built but not run.
 
 fp32 programs must match the eager outputs within ``pipeline.verify.tolerance`` x max|eager|.
 Quantized programs are measured instead: SQNR (dB) against the fp32 eager model and top-1
@@ -9,32 +11,46 @@ agreement over the reference input plus ``pipeline.verify.eval_inputs`` more ran
 from __future__ import annotations
 
 import math
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
 
+from .. import etbt
 from ..config import QuantScheme
 from ..errors import EtbuildError
 from ..runner import Context, sha256_file
 from .model import make_inputs
 
 
-def load_runtime():
-    try:
-        from etbuild import runtime
-    except ImportError as exc:
-        raise EtbuildError(
-            "the etbuild runtime (etbuild.runtime) is not built into this installation; "
-            "reinstall etbuild with pip so its C++ build runs, or set pipeline.verify.enabled=false"
-        ) from exc
-    return runtime
+class BuiltRunner:
+    """The build stage's ``etb_runner`` for one program, run once per input set."""
+
+    def __init__(self, runner: Path, program: Path, prefix: list[str]) -> None:
+        self.runner, self.program, self.prefix = runner, program, prefix
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with tempfile.TemporaryDirectory(prefix="etb_verify_") as tmp:
+            d = Path(tmp)
+            cmd = [*self.prefix, str(self.runner), str(self.program)]
+            for i, t in enumerate(inputs):
+                etbt.write(d / f"input_{i}.etbt", t)
+                cmd += ["--input", str(d / f"input_{i}.etbt")]
+            cmd += ["--iters", "1", "--warmup", "0", "--output-dir", tmp]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise EtbuildError(
+                    f"the built runner could not run model.pte: {proc.stderr.strip()} "
+                    f"(command: {' '.join(cmd)})"
+                )
+            outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
+            return [etbt.read(p) for p in outs]
 
 
-def run_program(program, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    try:
-        return program.run([t.contiguous() for t in inputs])
-    except RuntimeError as exc:
-        raise EtbuildError(f"the runtime could not run model.pte: {exc}") from None
+def run_program(program: BuiltRunner, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return program.run([t.contiguous() for t in inputs])
 
 
 def sqnr_db(signal: torch.Tensor, test: torch.Tensor) -> float:
@@ -105,13 +121,17 @@ def run(ctx: Context) -> None:
     if not vcfg.enabled:
         ctx.summarize(skipped="pipeline.verify.enabled=false")
         return
-    runtime = load_runtime()
+    tc = ctx.artifacts["toolchain"]
+    if not tc.runnable:
+        facts = {"status": f"built, not run ({tc.not_runnable_reason})"}
+        ctx.artifacts["verify"] = facts
+        ctx.summarize(**facts)
+        return
     path = ctx.run_dir / "model.pte"
+    runner = ctx.artifacts["runner"]
     ctx.note_read("model.pte", sha256_file(path))
-    try:
-        program = runtime.load(str(path))
-    except RuntimeError as exc:
-        raise EtbuildError(f"the runtime could not load model.pte: {exc}") from None
+    ctx.note_read("runtime/bin/etb_runner", sha256_file(runner))
+    program = BuiltRunner(runner, path, tc.run_prefix)
     inputs = list(ctx.artifacts["example_inputs"])
     expected = ctx.artifacts["reference_outputs"]
     outputs = run_program(program, inputs)
@@ -120,9 +140,12 @@ def run(ctx: Context) -> None:
             f"verification failed: the program returns {len(outputs)} outputs, eager "
             f"{len(expected)}"
         )
+    status = "ran" + (f" under {Path(tc.run_prefix[0]).name}" if tc.run_prefix else "")
     if QuantScheme(ctx.cfg.quant.scheme) == QuantScheme.none:
-        facts = _check_fp32(outputs, expected, vcfg.tolerance)
+        facts = {"status": status}
+        facts.update(_check_fp32(outputs, expected, vcfg.tolerance))
     else:
-        facts = _measure_quantized(ctx, program, outputs, expected)
+        facts = {"status": status}
+        facts.update(_measure_quantized(ctx, program, outputs, expected))
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)

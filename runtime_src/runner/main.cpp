@@ -61,6 +61,21 @@ bool read_etbt(const char* path, InputFile* out) {
   return ok;
 }
 
+bool write_etbt(const char* path, const etb::Tensor& t) {
+  FILE* f = fopen(path, "wb");
+  if (f == nullptr) {
+    fprintf(stderr, "etb_runner: cannot write %s\n", path);
+    return false;
+  }
+  uint32_t hdr[3] = {1, uint32_t(t.dtype()), uint32_t(t.dim())};
+  bool ok = fwrite("ETBT", 1, 4, f) == 4 && fwrite(hdr, 4, 3, f) == 3;
+  for (int64_t s : t.sizes()) ok = ok && fwrite(&s, 8, 1, f) == 1;
+  ok = ok && fwrite(t.data(), 1, t.nbytes(), f) == t.nbytes();
+  ok = (fclose(f) == 0) && ok;
+  if (!ok) fprintf(stderr, "etb_runner: cannot write %s\n", path);
+  return ok;
+}
+
 struct FreeDeleter {
   void operator()(void* p) const { free(p); }
 };
@@ -74,7 +89,8 @@ void* aligned_buffer(size_t n) {
 int usage() {
   fprintf(stderr,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
-          "                  [--method NAME] [--profile]\n");
+          "                  [--method NAME] [--profile] [--output-dir DIR]\n"
+          "--output-dir writes each tensor output as DIR/output_<i>.etbt\n");
   return 2;
 }
 
@@ -87,12 +103,14 @@ int main(int argc, char** argv) {
   std::vector<const char*> input_paths;
   int iters = 10, warmup = 1;
   bool profile = false;
+  const char* output_dir = nullptr;
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--input") && i + 1 < argc) input_paths.push_back(argv[++i]);
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--method") && i + 1 < argc) method_name = argv[++i];
     else if (!strcmp(argv[i], "--profile")) profile = true;
+    else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) output_dir = argv[++i];
     else return usage();
   }
   if (iters < 1) iters = 1;
@@ -185,6 +203,11 @@ int main(int argc, char** argv) {
     printf("output %zu: %s %s sum=%.6g abs_sum=%.6g fnv1a=%016" PRIx64 "\n", o,
            etb::scalar_type_name(t.dtype()), etb::format_sizes(t.sizes(), sz, sizeof(sz)), sum,
            asum, h);
+    if (output_dir != nullptr) {
+      char out_path[4096];
+      snprintf(out_path, sizeof(out_path), "%s/output_%zu.etbt", output_dir, o);
+      if (!write_etbt(out_path, t)) return 1;
+    }
   }
   std::sort(times.begin(), times.end());
   auto pct = [&](double q) { return times[size_t(q * double(times.size() - 1) + 0.5)]; };

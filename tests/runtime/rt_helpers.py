@@ -24,13 +24,19 @@ def compose(overrides: Sequence[str]):
 
 
 def build_with_pipeline(
-    module: torch.nn.Module, inputs: Sequence[torch.Tensor], run_dir: Path
+    module: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    run_dir: Path,
+    overrides: Sequence[str] = ("model.dynamic_dims=[]",),
 ) -> Path:
-    """Runs etbuild's stages from export through emit on ``module``; returns model.pte."""
+    """Runs etbuild's stages from export through emit on ``module``; returns model.pte.
+
+    The config is the mlp model's with ``overrides``; by default no dim is dynamic (the mlp
+    config's one input is named ``features``, its dynamic dim is ``batch`` on dim 0)."""
     from etbuild.pipeline.runner import Stage, run_stages
     from etbuild.pipeline.stages import STAGES
 
-    cfg = compose(["model=mlp", "model.dynamic_dims=[]"])
+    cfg = compose(["model=mlp", *overrides])
 
     def model_stage(ctx) -> None:
         ctx.artifacts["module"] = module.eval()

@@ -262,3 +262,46 @@ def test_embedding(rt, pipeline_program):
     torch.manual_seed(6)
     emb = nn.Embedding(50, 8)
     _run_case(rt, pipeline_program, emb, [torch.randint(0, 50, (3, 7))])
+
+
+def test_dynamic_shapes_sym_size(rt, tmp_path):
+    """A batch-dynamic program with symbolic sizes (sym_size, view, cat, slice) runs at every
+    batch size within its bound, resizing outputs at run time."""
+    from rt_helpers import build_with_pipeline
+
+    class M(nn.Module):
+        def forward(self, x):
+            y = x.reshape(x.shape[0], -1)
+            return torch.cat([y, y * 2], 1)[:, : x.shape[1] * 3] * 1.5
+
+    overrides = ["model.inputs=[{name:features,shape:[4,5,6]}]"]  # batch 1..16 on dim 0
+    path = build_with_pipeline(M(), [torch.randn(4, 5, 6)], tmp_path / "dyn", overrides)
+    prog = rt.load(str(path))
+    for batch in (1, 3, 16, 7):
+        x = torch.randn(batch, 5, 6)
+        (got,) = prog.run([x])
+        assert_matches(got, M()(x))
+    prog.run([torch.randn(2, 5, 6)], profile=True)
+    assert "aten::sym_size.int" in [name for name, _ in prog.last_profile]
+
+
+def test_dynamic_symbolic_arithmetic(rt, tmp_path):
+    """Sizes computed from symbolic sizes (executorch_prim ops on Int values)."""
+    from rt_helpers import build_with_pipeline
+
+    class M(nn.Module):
+        def forward(self, x):
+            n = x.shape[0]
+            y = x.reshape(n * 5, 6) * 2
+            return y.reshape((n + 2) - 2, 30) + 1
+
+    overrides = ["model.inputs=[{name:features,shape:[4,5,6]}]"]
+    path = build_with_pipeline(M(), [torch.randn(4, 5, 6)], tmp_path / "dyn", overrides)
+    prog = rt.load(str(path))
+    for batch in (1, 2, 5, 16):
+        x = torch.randn(batch, 5, 6)
+        (got,) = prog.run([x])
+        assert_matches(got, M()(x))
+    prog.run([torch.randn(3, 5, 6)], profile=True)
+    names = {name for name, _ in prog.last_profile}
+    assert any(n.startswith("executorch_prim::") for n in names), names

@@ -108,8 +108,7 @@ def test_wrong_input_sanitized(sanitized, zoo_build, tmp_path):
     run_dir = zoo_build("mlp")
     bad = tmp_path / "x.etbt"
     t = torch.zeros(4, 64, dtype=torch.int64)
-    sys.path.insert(0, str(RUNTIME_SRC / "runner"))
-    from dump_inputs import write_etbt
+    from etbuild.pipeline.etbt import write as write_etbt
 
     write_etbt(bad, t)
     res = subprocess.run(

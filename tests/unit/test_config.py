@@ -206,38 +206,45 @@ def test_stage_enum_matches_the_stage_list() -> None:
 # -- options that compose but are not built yet (later issues lift these) ------------------
 
 
-def test_quant_ptq_is_rejected() -> None:
-    """``+quant=ptq`` has no option file yet; it must fail and say which options exist."""
-    try:
-        cfg = compose_config(["+quant=ptq"])
-    except Exception as exc:
-        msg = _message(exc)
-        assert "quant/ptq" in msg and "none" in msg
-        return
-    with pytest.raises(EtbuildError, match="quant"):
-        check_supported(cfg)
+@pytest.mark.parametrize("scheme", ["none", "ptq", "qat", "dynamic"])
+def test_quant_options_compose_and_are_supported(scheme: str) -> None:
+    cfg = compose_config(["model=mlp", f"+quant={scheme}"])
+    assert cfg.quant.scheme == QuantScheme(scheme)
+    check_supported(cfg)  # raises on anything this version cannot build
+
+
+def test_quant_options_are_validated() -> None:
+    with pytest.raises(Exception, match="per_row") as info:
+        compose_config(["+quant=ptq", "quant.weights=per_row"])
+    assert "per_channel" in _message(info.value) and "per_tensor" in _message(info.value)
 
 
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        # (the quant messages change as int8 support lands; they must name the setting)
-        ("quant.scheme=ptq", r"quant\.scheme=ptq\b.*(not supported|not have|leave quant out)"),
-        ("quant.scheme=dynamic", r"quant\.scheme=dynamic\b"),
-        ("target.kind=android", r"target\.kind=android is not supported.*\+target=host"),
+        ("+target=android", r"Android NDK.*target\.ndk.*ANDROID_NDK_HOME.*ANDROID_NDK_ROOT"),
         ("target.kind=cortex_m", r"target\.kind=cortex_m is not supported"),
         ("partitioner.name=xnnpack", r"partitioner\.name='xnnpack'.*no delegate partitioners"),
     ],
 )
-def test_unsupported_options_are_rejected(override: str, expected: str) -> None:
+def test_unsupported_options_are_rejected(
+    override: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
     cfg = compose_config([override])
     with pytest.raises(EtbuildError, match=expected):
         check_supported(cfg)
 
 
-def test_unsupported_option_fails_before_any_stage(tmp_path: Path) -> None:
-    cfg = compose_config(["model=mlp", "target.kind=android"])
-    with pytest.raises(EtbuildError, match="target.kind=android"):
+def test_unsupported_option_fails_before_any_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no NDK, an android build stops before export (no stage runs, nothing written)."""
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
+    cfg = compose_config(["model=mlp", "+target=android"])
+    with pytest.raises(EtbuildError, match="target.ndk"):
         build(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
@@ -268,8 +275,8 @@ def test_cli_unknown_option_and_enum(tmp_path: Path) -> None:
 
 
 def test_cli_unsupported_target(tmp_path: Path) -> None:
-    proc = run_cli(["model=mlp", "target.kind=android", f"hydra.run.dir={tmp_path}/run"], tmp_path)
-    out = _assert_clean_failure(proc, "target.kind=android is not supported")
+    proc = run_cli(["model=mlp", "target.kind=cortex_m", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    out = _assert_clean_failure(proc, "target.kind=cortex_m is not supported")
     assert "error" in proc.stderr, out
     assert not (tmp_path / "run" / "model.pte").exists()
 

@@ -58,24 +58,8 @@ def quantize(model: torch.nn.Module, x: torch.Tensor, cfg, batches: int = 4):
     return converted, g
 
 
-class _Contiguous(torch.fx.Interpreter):
-    """Runs a lowered graph as the runtime would: every tensor contiguous."""
-
-    def run_node(self, n):
-        out = super().run_node(n)
-        return out.contiguous() if isinstance(out, torch.Tensor) else out
-
-
 def run_graph(g: Graph, *inputs: torch.Tensor) -> torch.Tensor:
-    it = iter(inputs)
-    args = [
-        g.constants[n.name] if n.name in g.constants else next(it)
-        for n in g.fx_graph.nodes
-        if n.op == "placeholder"
-    ]
-    gm = torch.fx.GraphModule(torch.nn.Module(), g.fx_graph)
-    out = _Contiguous(gm).run(*args)
-    return out[0] if isinstance(out, (list, tuple)) else out
+    return g.execute(*inputs)[0]
 
 
 def targets(g: Graph) -> list[str]:

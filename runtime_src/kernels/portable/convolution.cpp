@@ -66,23 +66,42 @@ void conv_depthwise(const ConvShape& s, const float* in, const float* w, float* 
   }
 }
 
-// Packs columns [p0, p0 + pc) of the im2col matrix of one group into col[K x pc].
+// Packs columns [p0, p0 + pc) of the im2col matrix of one group into col[K x pc]. Works a
+// row segment at a time: one division per output row, then zero fill and a contiguous (or
+// strided) copy of the valid range, so the inner loops have no bounds checks.
 void im2col_tile(const ConvShape& s, const float* x, int64_t cin, int64_t p0, int64_t pc,
                  float* col) {
   for (int64_t c = 0; c < cin; ++c) {
+    const float* xc = x + c * s.H * s.W;
     for (int64_t kh = 0; kh < s.KH; ++kh) {
       for (int64_t kw = 0; kw < s.KW; ++kw) {
         float* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
-        const float* xc = x + c * s.H * s.W;
-        int64_t oh = p0 / s.OW, ow = p0 - oh * s.OW;
-        for (int64_t j = 0; j < pc; ++j) {
+        int64_t lo_all, hi_all;
+        valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &lo_all, &hi_all);
+        const int64_t off = kw * s.dw - s.pw;
+        int64_t j = 0, p = p0;
+        while (j < pc) {
+          const int64_t oh = p / s.OW, ow0 = p - oh * s.OW;
+          const int64_t n = s.OW - ow0 < pc - j ? s.OW - ow0 : pc - j;
           const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
-          dst[j] = (ih >= 0 && ih < s.H && iw >= 0 && iw < s.W) ? xc[ih * s.W + iw] : 0.f;
-          if (++ow == s.OW) {
-            ow = 0;
-            ++oh;
+          float* d = dst + j;  // d[ow - ow0] for ow in [ow0, ow0 + n)
+          if (ih < 0 || ih >= s.H) {
+            for (int64_t ow = ow0; ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
+          } else {
+            const float* xr = xc + ih * s.W;
+            const int64_t lo = lo_all > ow0 ? lo_all : ow0;
+            const int64_t hi = hi_all < ow0 + n ? hi_all : ow0 + n;
+            int64_t ow = ow0;
+            for (; ow < lo && ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
+            if (s.sw == 1) {
+              for (; ow < hi; ++ow) d[ow - ow0] = xr[ow + off];
+            } else {
+              for (; ow < hi; ++ow) d[ow - ow0] = xr[ow * s.sw + off];
+            }
+            for (; ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
           }
+          j += n;
+          p += n;
         }
       }
     }

@@ -1,0 +1,202 @@
+"""Target toolchains: how to configure the runtime's CMake build for a target, which binary
+tools (strip, nm) read its output, and how (whether) its runner can run on this machine.
+
+Host tools (flatc, codegen) always run on the build machine: the runtime's CMake project runs
+them through custom commands with the host Python, never through the target compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from .config import TargetKind
+from .errors import EtbuildError
+
+
+@dataclass
+class Toolchain:
+    """A resolved target toolchain."""
+
+    kind: TargetKind
+    cmake_args: list[str]
+    strip: str
+    nm: str
+    # The command prefix that runs a target binary here ([] = natively); None: cannot run.
+    run_prefix: list[str] | None
+    not_runnable_reason: str = ""
+    # What identifies the compiler for the build cache (its path and --version output).
+    identity: list[str] = field(default_factory=list)
+
+    @property
+    def runnable(self) -> bool:
+        return self.run_prefix is not None
+
+
+def _version(exe: str) -> str:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return out.stdout.strip()
+
+
+def _which(name: str, what: str, apt_package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise EtbuildError(
+            f"{what} {name!r} is not installed (not on PATH); install it with "
+            f"`apt-get install {apt_package}` (Debian/Ubuntu)"
+        )
+    return path
+
+
+def _host(tcfg: DictConfig) -> Toolchain:
+    cxx = os.environ.get("CXX") or "c++"
+    compiler = shutil.which(cxx)
+    if compiler is None:
+        raise EtbuildError(
+            f"no C++ compiler: {cxx!r} is not on PATH; install one (`apt-get install g++`) "
+            "or set CXX"
+        )
+    strip = shutil.which("strip") or _which("strip", "the strip tool", "binutils")
+    nm = shutil.which("nm") or _which("nm", "the nm tool", "binutils")
+    cpu = platform.machine()
+    try:  # -march=native: the build depends on this CPU's features
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                cpu += " " + line
+                break
+    except OSError:
+        pass
+    return Toolchain(
+        kind=TargetKind.host,
+        cmake_args=[f"-DCMAKE_CXX_COMPILER={compiler}", "-DETB_NATIVE_ARCH=ON"],
+        strip=strip,
+        nm=nm,
+        run_prefix=[],
+        identity=[compiler, _version(compiler), cpu],
+    )
+
+
+def _linux_aarch64(tcfg: DictConfig, need_run: bool) -> Toolchain:
+    prefix = tcfg.compiler_prefix or "aarch64-linux-gnu-"
+    apt = "g++-aarch64-linux-gnu"
+    args = ["-DETB_NATIVE_ARCH=OFF"]
+    if tcfg.toolchain_file:
+        file = _existing(tcfg.toolchain_file, "target.toolchain_file")
+        args.append(f"-DCMAKE_TOOLCHAIN_FILE={file}")
+        compiler = shutil.which(f"{prefix}g++") or ""
+    else:
+        compiler = _which(f"{prefix}g++", "the aarch64 cross compiler", apt)
+        args += [
+            "-DCMAKE_SYSTEM_NAME=Linux",
+            "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
+            f"-DCMAKE_CXX_COMPILER={compiler}",
+        ]
+    strip = _which(f"{prefix}strip", "the aarch64 strip tool", "binutils-aarch64-linux-gnu")
+    nm = _which(f"{prefix}nm", "the aarch64 nm tool", "binutils-aarch64-linux-gnu")
+    run_prefix: list[str] | None = None
+    reason = ""
+    qemu = shutil.which(tcfg.qemu)
+    if platform.machine() in ("aarch64", "arm64"):
+        run_prefix = []
+    elif qemu is not None:
+        run_prefix = [qemu, "-L", tcfg.qemu_sysroot]
+    elif need_run:
+        raise EtbuildError(
+            f"verifying a linux_aarch64 build runs its runner under {tcfg.qemu!r}, which is not "
+            "installed; install it with `apt-get install qemu-user`, or set "
+            "pipeline.verify.enabled=false"
+        )
+    else:
+        reason = f"{tcfg.qemu} is not installed"
+    return Toolchain(
+        kind=TargetKind.linux_aarch64,
+        cmake_args=args,
+        strip=strip,
+        nm=nm,
+        run_prefix=run_prefix,
+        not_runnable_reason=reason,
+        identity=[compiler, _version(compiler) if compiler else "", str(tcfg.toolchain_file)],
+    )
+
+
+def _existing(path: str, key: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise EtbuildError(f"{key}={path!r}: no such file")
+    return str(p.resolve())
+
+
+def find_ndk(tcfg: DictConfig) -> Path:
+    """The Android NDK: ``target.ndk``, else ``$ANDROID_NDK_HOME``, else ``$ANDROID_NDK_ROOT``."""
+    for where, value in (
+        ("target.ndk", tcfg.ndk),
+        ("ANDROID_NDK_HOME", os.environ.get("ANDROID_NDK_HOME")),
+        ("ANDROID_NDK_ROOT", os.environ.get("ANDROID_NDK_ROOT")),
+    ):
+        if not value:
+            continue
+        ndk = Path(value).expanduser()
+        if not (ndk / "build/cmake/android.toolchain.cmake").is_file():
+            raise EtbuildError(
+                f"{where}={value!r} is not an Android NDK (it has no "
+                "build/cmake/android.toolchain.cmake); point it at the NDK's root folder"
+            )
+        return ndk.resolve()
+    raise EtbuildError(
+        "target android needs the Android NDK, and none was found: set target.ndk=/path/to/ndk "
+        "on the command line, or the ANDROID_NDK_HOME or ANDROID_NDK_ROOT environment variable "
+        "(get the NDK from https://developer.android.com/ndk/downloads or `sdkmanager ndk`)"
+    )
+
+
+def _android(tcfg: DictConfig) -> Toolchain:
+    ndk = find_ndk(tcfg)
+    bins = sorted((ndk / "toolchains/llvm/prebuilt").glob("*/bin"))
+    if not bins:
+        raise EtbuildError(f"the NDK at {ndk} has no toolchains/llvm/prebuilt/<host>/bin")
+    strip, nm = str(bins[0] / "llvm-strip"), str(bins[0] / "llvm-nm")
+    return Toolchain(
+        kind=TargetKind.android,
+        cmake_args=[
+            f"-DCMAKE_TOOLCHAIN_FILE={ndk / 'build/cmake/android.toolchain.cmake'}",
+            f"-DANDROID_ABI={tcfg.abi}",
+            f"-DANDROID_PLATFORM=android-{tcfg.api_level}",
+            "-DETB_NATIVE_ARCH=OFF",
+            "-DETB_WERROR=OFF",  # the NDK's clang is not in this project's CI
+        ],
+        strip=strip,
+        nm=nm,
+        run_prefix=None,
+        not_runnable_reason="no Android device is attached to this build machine",
+        identity=[
+            str(ndk),
+            (ndk / "source.properties").read_text()
+            if (ndk / "source.properties").is_file()
+            else "",
+        ],
+    )
+
+
+def resolve(tcfg: DictConfig, need_run: bool = True) -> Toolchain:
+    """The toolchain for a ``target`` config; raises EtbuildError naming what to install or
+    set when something is missing. ``need_run``: verify will run the runner here."""
+    kind = TargetKind(tcfg.kind)
+    if kind == TargetKind.host:
+        return _host(tcfg)
+    if kind == TargetKind.linux_aarch64:
+        return _linux_aarch64(tcfg, need_run)
+    if kind == TargetKind.android:
+        return _android(tcfg)
+    raise EtbuildError(
+        f"target.kind={kind.value} is not supported by this version of etbuild; use "
+        "+target=host, +target=linux_aarch64 or +target=android"
+    )

@@ -1,0 +1,273 @@
+// etb_quantized::conv2d.out: int8 NCHW convolution (grouped and depthwise) with exact integer
+// accumulation and per-output-channel requantization (pipeline/quant/ops.py `conv2d`).
+//
+// The input zero point is not subtracted per element: sum_k (x - zp) * w is computed as
+// sum_k x * w - zp * sum_k w with the weight row sums taken once per call (im2col pads with
+// zp, whose term then cancels). Three paths:
+//   - pointwise (1x1, stride 1, no padding): one int8 GEMM per image and group;
+//   - depthwise (one input channel per group, at most 514 taps): direct loops in float32,
+//     which are exact here because every partial sum is an integer below 2^24;
+//   - everything else: im2col column tiles (int8) and the GEMM.
+#include "kernels/quantized/qgemm.h"
+#include "kernels/quantized/requant.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace quantized {
+namespace {
+
+struct ConvShape {
+  int64_t N, C, H, W;  // input
+  int64_t OC, KH, KW;  // weight
+  int64_t OH, OW;      // output
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+};
+
+// Per-output-channel requantization of a GEMM tile into int8 rows of length ldo.
+struct ConvEpilogue {
+  const int32_t* wsum;
+  const float* mult;
+  const float* bias;
+  int32_t xzp;
+  OutQuant q;
+  int8_t* out;
+  int64_t ldo;
+};
+
+void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+               int64_t ld) {
+  const ConvEpilogue& e = *static_cast<const ConvEpilogue*>(ctx);
+  const OutQuant q = e.q;
+  for (int64_t i = 0; i < mr; ++i) {
+    const int64_t m = m0 + i;
+    const int32_t corr = e.xzp * e.wsum[m];
+    const float mu = e.mult[m], b = e.bias[m];
+    const int32_t* __restrict a = acc + i * ld;
+    int8_t* __restrict o = e.out + m * e.ldo + n0;
+    for (int64_t j = 0; j < nr; ++j) o[j] = quantize_one(float(a[j] - corr) * mu + b, q);
+  }
+}
+
+// Valid output range [lo, hi) along one axis for kernel offset `koff`:
+// 0 <= o * stride - pad + koff < in.
+inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t koff,
+                        int64_t* lo, int64_t* hi) {
+  int64_t l = pad - koff;
+  int64_t a = l <= 0 ? 0 : (l + stride - 1) / stride;
+  int64_t r = in + pad - koff;
+  int64_t b = r <= 0 ? 0 : (r + stride - 1) / stride;
+  if (b > out) b = out;
+  if (a > b) a = b;
+  *lo = a;
+  *hi = b;
+}
+
+// One depthwise output plane: y[OH x OW] += sum over taps of w * x (x already zero-point
+// shifted, as float).
+void depthwise_plane(const ConvShape& s, const float* x, const int8_t* k, float* y) {
+  for (int64_t kh = 0; kh < s.KH; ++kh) {
+    int64_t oh_lo, oh_hi;
+    valid_range(s.OH, s.H, s.sh, s.ph, kh * s.dh, &oh_lo, &oh_hi);
+    for (int64_t kw = 0; kw < s.KW; ++kw) {
+      int64_t ow_lo, ow_hi;
+      valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &ow_lo, &ow_hi);
+      const float wv = float(k[kh * s.KW + kw]);
+      const int64_t off = kw * s.dw - s.pw;
+      for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+        const float* __restrict xr = x + (oh * s.sh - s.ph + kh * s.dh) * s.W;
+        float* __restrict yr = y + oh * s.OW;
+        if (s.sw == 1) {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off];
+        } else if (s.sw == 2) {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[2 * ow + off];
+        } else {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * s.sw + off];
+        }
+      }
+    }
+  }
+}
+
+Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
+                     const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
+                     int8_t* y) {
+  const int64_t HW = s.H * s.W, P = s.OH * s.OW;
+  Result<void*> mem = ctx.allocate_temp(size_t(HW + P) * sizeof(float));
+  if (!mem.ok()) return mem.error();
+  float* xf = static_cast<float*>(mem.value());
+  float* acc = xf + HW;
+  const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t oc = 0; oc < s.OC; ++oc) {
+      if (oc % mult_ch == 0) {
+        const int8_t* __restrict xc = x + (n * s.C + oc / mult_ch) * HW;
+        for (int64_t i = 0; i < HW; ++i) xf[i] = float(int32_t(xc[i]) - xzp);
+      }
+      for (int64_t p = 0; p < P; ++p) acc[p] = 0.f;
+      depthwise_plane(s, xf, w + oc * s.KH * s.KW, acc);
+      const float mu = mult[oc], b = bias[oc];
+      int8_t* __restrict yo = y + (n * s.OC + oc) * P;
+      for (int64_t p = 0; p < P; ++p) yo[p] = quantize_one(acc[p] * mu + b, q);
+    }
+  }
+  return Error::Ok;
+}
+
+// Packs columns [p0, p0 + pc) of one group's im2col matrix (int8, padding = pad) into col.
+void im2col_tile(const ConvShape& s, const int8_t* x, int64_t cin, int64_t p0, int64_t pc,
+                 int8_t pad, int8_t* col) {
+  for (int64_t c = 0; c < cin; ++c) {
+    const int8_t* xc = x + c * s.H * s.W;
+    for (int64_t kh = 0; kh < s.KH; ++kh) {
+      for (int64_t kw = 0; kw < s.KW; ++kw) {
+        int8_t* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
+        int64_t oh = p0 / s.OW, ow = p0 - oh * s.OW;
+        for (int64_t j = 0; j < pc; ++j) {
+          const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+          dst[j] = (ih >= 0 && ih < s.H && iw >= 0 && iw < s.W) ? xc[ih * s.W + iw] : pad;
+          if (++ow == s.OW) {
+            ow = 0;
+            ++oh;
+          }
+        }
+      }
+    }
+  }
+}
+
+bool pick2(Span<const int64_t> v, int i, int64_t dflt, int64_t* out) {
+  if (v.size() == 0) {
+    *out = dflt;
+    return true;
+  }
+  if (v.size() == 1) {
+    *out = v[0];
+    return true;
+  }
+  if (v.size() == 2) {
+    *out = v[size_t(i)];
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
+                 int64_t input_zero_point, const Tensor& weight, const Tensor& weight_scales,
+                 const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
+                 Span<const int64_t> dilation, int64_t groups, double output_scale,
+                 int64_t output_zero_point, int64_t output_min, int64_t output_max,
+                 Tensor& out) {
+  const char* op = "etb_quantized::conv2d";
+  if (input.dim() != 4 || weight.dim() != 4)
+    return fail(Error::InvalidArgument, "%s: input and weight must be 4-d, got %d-d and %d-d", op,
+                input.dim(), weight.dim());
+  if (input.dtype() != ScalarType::Char || weight.dtype() != ScalarType::Char ||
+      out.dtype() != ScalarType::Char)
+    return fail(Error::InvalidArgument, "%s: input, weight and out must be Char (int8)", op);
+  ETB_TRY(check_scale(input_scale, op, "input_scale"));
+  ETB_TRY(check_input_zp(input_zero_point, op, "input"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(output_scale, output_zero_point, output_min, output_max, op, &q));
+  ConvShape s;
+  s.N = input.size(0);
+  s.C = input.size(1);
+  s.H = input.size(2);
+  s.W = input.size(3);
+  s.OC = weight.size(0);
+  s.KH = weight.size(2);
+  s.KW = weight.size(3);
+  s.groups = groups;
+  const bool ok = pick2(stride, 0, 1, &s.sh) && pick2(stride, 1, 1, &s.sw) &&
+                  pick2(padding, 0, 0, &s.ph) && pick2(padding, 1, 0, &s.pw) &&
+                  pick2(dilation, 0, 1, &s.dh) && pick2(dilation, 1, 1, &s.dw);
+  if (!ok)
+    return fail(Error::InvalidArgument, "%s: stride/padding/dilation must have 1 or 2 items", op);
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (s.sh > kLimit || s.sw > kLimit || s.dh > kLimit || s.dw > kLimit || s.ph > kLimit ||
+      s.pw > kLimit || s.sh < 1 || s.sw < 1 || s.dh < 1 || s.dw < 1 || s.ph < 0 || s.pw < 0)
+    return fail(Error::InvalidArgument,
+                "%s: stride and dilation must be in [1, 2^30], padding in [0, 2^30]", op);
+  if (groups < 1 || s.C % groups != 0 || s.OC % groups != 0)
+    return fail(Error::InvalidArgument,
+                "%s: groups=%lld must divide %lld input and %lld output channels", op,
+                (long long)groups, (long long)s.C, (long long)s.OC);
+  const int64_t cin_g = s.C / groups, oc_g = s.OC / groups;
+  if (weight.size(1) != cin_g)
+    return fail(Error::InvalidArgument,
+                "%s: weight expects %lld input channels per group, input has %lld", op,
+                (long long)weight.size(1), (long long)cin_g);
+  const int64_t eh = s.dh * (s.KH - 1) + 1, ew = s.dw * (s.KW - 1) + 1;
+  if (s.KH < 1 || s.KW < 1 || s.H + 2 * s.ph < eh || s.W + 2 * s.pw < ew)
+    return fail(Error::InvalidArgument, "%s: kernel is larger than the padded input", op);
+  ETB_TRY(check_channel_params(weight_scales, bias, s.OC, op));
+  s.OH = (s.H + 2 * s.ph - eh) / s.sh + 1;
+  s.OW = (s.W + 2 * s.pw - ew) / s.sw + 1;
+  const int64_t osz[4] = {s.N, s.OC, s.OH, s.OW};
+  ETB_TRY(out.resize(Span<const int64_t>(osz, 4)));
+  if (out.numel() == 0) return Error::Ok;
+
+  // Per-channel multipliers float32(x_scale) * w_scale[c], biases and weight row sums.
+  const int64_t K = cin_g * s.KH * s.KW;
+  Result<void*> pm = ctx.allocate_temp(size_t(s.OC) * (2 * sizeof(float) + sizeof(int32_t)));
+  if (!pm.ok()) return pm.error();
+  float* mult = static_cast<float*>(pm.value());
+  float* bias_f = mult + s.OC;
+  int32_t* wsum = reinterpret_cast<int32_t*>(bias_f + s.OC);
+  const float xs = float(input_scale);
+  const float* ws = weight_scales.data_as<float>();
+  for (int64_t c = 0; c < s.OC; ++c) {
+    mult[c] = xs * ws[c];
+    bias_f[c] = bias != nullptr ? bias->data_as<float>()[c] : 0.f;
+  }
+  const int8_t* x = input.data_as<int8_t>();
+  const int8_t* w = weight.data_as<int8_t>();
+  int8_t* y = out.data_as<int8_t>();
+  const int32_t xzp = int32_t(input_zero_point);
+
+  if (cin_g == 1 && groups > 1 && s.KH * s.KW <= 514)
+    return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
+
+  row_sums(s.OC, K, w, K, wsum);
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  if (!wsm.ok()) return wsm.error();
+  void* gemm_ws = wsm.value();
+  const int64_t P = s.OH * s.OW, HW = s.H * s.W;
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 &&
+                         s.pw == 0;
+  int8_t* col = nullptr;
+  int64_t pc = P;
+  if (!pointwise) {
+    pc = (int64_t(128) * 1024) / K;  // column tiles of at most ~128 KB
+    pc = pc < 64 ? 64 : (pc / 64) * 64;
+    if (pc > P) pc = P;
+    Result<void*> tmp = ctx.allocate_temp(size_t(K * pc));
+    if (!tmp.ok()) return tmp.error();
+    col = static_cast<int8_t*>(tmp.value());
+  }
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int8_t* xg = x + (n * s.C + g * cin_g) * HW;
+      const int8_t* wg = w + g * oc_g * K;
+      ConvEpilogue e{wsum + g * oc_g, mult + g * oc_g, bias_f + g * oc_g, xzp, q,
+                     y + (n * s.OC + g * oc_g) * P, P};
+      if (pointwise) {
+        qgemm(oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
+        continue;
+      }
+      int8_t* yg = e.out;
+      for (int64_t p0 = 0; p0 < P; p0 += pc) {
+        const int64_t cols = P - p0 < pc ? P - p0 : pc;
+        im2col_tile(s, xg, cin_g, p0, cols, int8_t(xzp), col);
+        e.out = yg + p0;
+        qgemm(oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e);
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+}  // namespace quantized
+}  // namespace etb

@@ -1,0 +1,265 @@
+// The int8 kernels that are not GEMMs: quantize / dequantize at fp32 boundaries, add (with
+// broadcasting), mean over dims and max pooling (pipeline/quant/ops.py).
+#include "kernels/portable/util.h"
+#include "kernels/quantized/requant.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace quantized {
+namespace {
+
+Error expect_char(const Tensor& t, const char* op, const char* arg) {
+  if (t.dtype() != ScalarType::Char)
+    return fail(Error::InvalidArgument, "%s: %s has dtype %s, expected Char (int8)", op, arg,
+                scalar_type_name(t.dtype()));
+  return Error::Ok;
+}
+
+// PyTorch's pooling_output_shape.
+int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil) {
+  int64_t out = (in + 2 * pad - dil * (k - 1) - 1 + (ceil ? stride - 1 : 0)) / stride + 1;
+  if (ceil && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+bool two(Span<const int64_t> v, int64_t d0, int64_t d1, int64_t* a, int64_t* b) {
+  if (v.size() == 0) {
+    *a = d0;
+    *b = d1;
+    return true;
+  }
+  if (v.size() == 1) {
+    *a = *b = v[0];
+    return true;
+  }
+  if (v.size() == 2) {
+    *a = v[0];
+    *b = v[1];
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Error quantize_per_tensor_out(KernelContext&, const Tensor& input, double scale,
+                              int64_t zero_point, int64_t quant_min, int64_t quant_max,
+                              Tensor& out) {
+  const char* op = "etb_quantized::quantize_per_tensor";
+  if (input.dtype() != ScalarType::Float)
+    return fail(Error::InvalidArgument, "%s: input must be Float", op);
+  ETB_TRY(expect_char(out, op, "out"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(scale, zero_point, quant_min, quant_max, op, &q));
+  ETB_TRY(out.resize(input.sizes()));
+  const float* __restrict x = input.data_as<float>();
+  int8_t* __restrict y = out.data_as<int8_t>();
+  const int64_t n = input.numel();
+  for (int64_t i = 0; i < n; ++i) y[i] = quantize_one(x[i], q);
+  return Error::Ok;
+}
+
+Error dequantize_per_tensor_out(KernelContext&, const Tensor& input, double scale,
+                                int64_t zero_point, Tensor& out) {
+  const char* op = "etb_quantized::dequantize_per_tensor";
+  ETB_TRY(expect_char(input, op, "input"));
+  if (out.dtype() != ScalarType::Float)
+    return fail(Error::InvalidArgument, "%s: out must be Float", op);
+  ETB_TRY(check_scale(scale, op, "scale"));
+  ETB_TRY(check_input_zp(zero_point, op, "input"));
+  ETB_TRY(out.resize(input.sizes()));
+  const int8_t* __restrict x = input.data_as<int8_t>();
+  float* __restrict y = out.data_as<float>();
+  const float s = float(scale);
+  const int32_t zp = int32_t(zero_point);
+  const int64_t n = input.numel();
+  for (int64_t i = 0; i < n; ++i) y[i] = float(int32_t(x[i]) - zp) * s;
+  return Error::Ok;
+}
+
+Error add_out(KernelContext&, const Tensor& self, double self_scale, int64_t self_zero_point,
+              const Tensor& other, double other_scale, int64_t other_zero_point,
+              double output_scale, int64_t output_zero_point, int64_t output_min,
+              int64_t output_max, Tensor& out) {
+  const char* op = "etb_quantized::add";
+  ETB_TRY(expect_char(self, op, "self"));
+  ETB_TRY(expect_char(other, op, "other"));
+  ETB_TRY(expect_char(out, op, "out"));
+  ETB_TRY(check_scale(self_scale, op, "self_scale"));
+  ETB_TRY(check_scale(other_scale, op, "other_scale"));
+  ETB_TRY(check_input_zp(self_zero_point, op, "self"));
+  ETB_TRY(check_input_zp(other_zero_point, op, "other"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(output_scale, output_zero_point, output_min, output_max, op, &q));
+  int64_t sizes[kMaxDim];
+  int dim = 0;
+  ETB_TRY(native::broadcast_shape(self, other, sizes, &dim, op));
+  ETB_TRY(out.resize(Span<const int64_t>(sizes, size_t(dim))));
+  if (out.numel() == 0) return Error::Ok;
+  native::Broadcast2 p;
+  native::make_broadcast2(self, other, out.sizes(), &p);
+  const int8_t* a = self.data_as<int8_t>();
+  const int8_t* b = other.data_as<int8_t>();
+  int8_t* y = out.data_as<int8_t>();
+  const float as = float(self_scale), bs = float(other_scale);
+  const int32_t az = int32_t(self_zero_point), bz = int32_t(other_zero_point);
+  // out may alias self or other elementwise (in place): each element is read before written.
+  native::for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb,
+                              int64_t n) {
+    int8_t* o = y + oo;
+    const int8_t* x0 = a + oa;
+    const int8_t* x1 = b + ob;
+    if (sa == 1 && sb == 1) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float fa = float(int32_t(x0[i]) - az) * as;
+        const float fb = float(int32_t(x1[i]) - bz) * bs;
+        o[i] = quantize_one(fa + fb, q);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const float fa = float(int32_t(x0[i * sa]) - az) * as;
+        const float fb = float(int32_t(x1[i * sb]) - bz) * bs;
+        o[i] = quantize_one(fa + fb, q);
+      }
+    }
+  });
+  return Error::Ok;
+}
+
+Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
+               int64_t input_zero_point, Span<const int64_t> dim, bool keepdim,
+               double output_scale, int64_t output_zero_point, Tensor& out) {
+  const char* op = "etb_quantized::mean";
+  ETB_TRY(expect_char(input, op, "input"));
+  ETB_TRY(expect_char(out, op, "out"));
+  ETB_TRY(check_scale(input_scale, op, "input_scale"));
+  ETB_TRY(check_input_zp(input_zero_point, op, "input"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(output_scale, output_zero_point, -128, 127, op, &q));
+  const int nd = input.dim();
+  if (dim.size() == 0)
+    return fail(Error::NotSupported, "%s: an empty dim list (reduce all) is not supported", op);
+  if (nd == 0) return fail(Error::NotSupported, "%s: 0-d input", op);
+  bool reduced[kMaxDim] = {};
+  for (size_t i = 0; i < dim.size(); ++i) {
+    int64_t d = 0;
+    ETB_TRY(native::wrap_dim(dim[i], nd, &d, op));
+    if (reduced[d])
+      return fail(Error::InvalidArgument, "%s: dim %lld is repeated", op, (long long)d);
+    reduced[d] = true;
+  }
+  int64_t osz[kMaxDim];
+  int ond = 0;
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    if (reduced[d]) {
+      count *= input.size(d);
+      if (keepdim) osz[ond++] = 1;
+    } else {
+      osz[ond++] = input.size(d);
+    }
+  }
+  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(ond))));
+  if (out.numel() == 0) return Error::Ok;
+  if (count == 0) return fail(Error::InvalidArgument, "%s: mean over an empty dimension", op);
+  const int64_t on = out.numel();
+  Result<void*> mem = ctx.allocate_temp(size_t(on) * sizeof(int32_t));
+  if (!mem.ok()) return mem.error();
+  int32_t* acc = static_cast<int32_t*>(mem.value());
+  const int8_t* x = input.data_as<int8_t>();
+  const int32_t zp = int32_t(input_zero_point);
+  // Trailing reduced dims: contiguous inner sums. Otherwise a strided walk of the input.
+  int first_reduced = nd;
+  while (first_reduced > 0 && reduced[first_reduced - 1]) --first_reduced;
+  bool trailing = true;
+  for (int d = 0; d < first_reduced; ++d) trailing = trailing && !reduced[d];
+  if (trailing) {
+    for (int64_t o = 0; o < on; ++o) {
+      const int8_t* __restrict xr = x + o * count;
+      int32_t s = 0;
+      for (int64_t i = 0; i < count; ++i) s += xr[i];
+      acc[o] = int32_t(int64_t(s) - int64_t(zp) * count);
+    }
+  } else {
+    int64_t ostride[kMaxDim];
+    int64_t st = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      ostride[d] = reduced[d] ? 0 : st;
+      if (!reduced[d]) st *= input.size(d);
+    }
+    for (int64_t o = 0; o < on; ++o) acc[o] = 0;
+    int64_t idx[kMaxDim] = {};
+    int64_t off = 0;
+    const int64_t n = input.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      acc[off] += int32_t(x[i]) - zp;
+      for (int d = nd - 1; d >= 0; --d) {
+        off += ostride[d];
+        if (++idx[d] < input.size(d)) break;
+        off -= ostride[d] * input.size(d);
+        idx[d] = 0;
+      }
+    }
+  }
+  const float xs = float(input_scale), fc = float(count);
+  int8_t* y = out.data_as<int8_t>();
+  for (int64_t o = 0; o < on; ++o) y[o] = quantize_one(float(acc[o]) * xs / fc, q);
+  return Error::Ok;
+}
+
+Error max_pool2d_out(KernelContext&, const Tensor& input, Span<const int64_t> kernel_size,
+                     Span<const int64_t> stride, Span<const int64_t> padding,
+                     Span<const int64_t> dilation, bool ceil_mode, Tensor& out) {
+  const char* op = "etb_quantized::max_pool2d";
+  ETB_TRY(expect_char(input, op, "input"));
+  ETB_TRY(expect_char(out, op, "out"));
+  if (input.dim() != 3 && input.dim() != 4)
+    return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op,
+                input.dim());
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  if (kernel_size.size() == 0 || !two(kernel_size, 1, 1, &kh, &kw) ||
+      !two(stride, kh, kw, &sh, &sw) || !two(padding, 0, 0, &ph, &pw) ||
+      !two(dilation, 1, 1, &dh, &dw))
+    return fail(Error::InvalidArgument,
+                "%s: kernel/stride/padding/dilation must have 1 or 2 items", op);
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (kh > kLimit || kw > kLimit || sh > kLimit || sw > kLimit || dh > kLimit || dw > kLimit ||
+      kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 ||
+      ph * 2 > kh || pw * 2 > kw)
+    return fail(Error::InvalidArgument, "%s: invalid kernel, stride, padding or dilation", op);
+  const int64_t H = input.size(input.dim() - 2), W = input.size(input.dim() - 1);
+  const int64_t planes = input.dim() == 4 ? input.size(0) * input.size(1) : input.size(0);
+  const int64_t OH = pooled_size(H, kh, ph, sh, dh, ceil_mode);
+  const int64_t OW = pooled_size(W, kw, pw, sw, dw, ceil_mode);
+  if (OH <= 0 || OW <= 0) return fail(Error::InvalidArgument, "%s: output would be empty", op);
+  int64_t osz[4];
+  for (int i = 0; i < input.dim() - 2; ++i) osz[i] = input.size(i);
+  osz[input.dim() - 2] = OH;
+  osz[input.dim() - 1] = OW;
+  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(input.dim()))));
+  const int8_t* x = input.data_as<int8_t>();
+  int8_t* y = out.data_as<int8_t>();
+  for (int64_t p = 0; p < planes; ++p) {
+    const int8_t* xp = x + p * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        int32_t m = -128;
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t h = oh * sh - ph + i * dh;
+          if (h < 0 || h >= H) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t w = ow * sw - pw + j * dw;
+            if (w < 0 || w >= W) continue;
+            const int32_t v = xp[h * W + w];
+            m = v > m ? v : m;
+          }
+        }
+        y[(p * OH + oh) * OW + ow] = int8_t(m);
+      }
+    }
+  }
+  return Error::Ok;
+}
+
+}  // namespace quantized
+}  // namespace etb

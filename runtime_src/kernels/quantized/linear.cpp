@@ -1,0 +1,184 @@
+// etb_quantized::linear.out (int8 in, int8 out) and etb_quantized::dynamic_linear.out (fp32 in,
+// activations quantized per tensor at run time, fp32 out): y = x W^T with exact int32 sums,
+// per-output-channel scales (pipeline/quant/ops.py `linear`, `dynamic_linear`).
+// The GEMM computes W [O x K] times x^T [K x rows] and the epilogue stores transposed.
+#include <cfloat>
+
+#include "kernels/quantized/qgemm.h"
+#include "kernels/quantized/requant.h"
+#include "native_functions.h"
+
+namespace etb {
+namespace quantized {
+namespace {
+
+struct LinearEpilogue {
+  const int32_t* wsum;
+  const float* mult;
+  const float* bias;
+  int32_t xzp;
+  OutQuant q;
+  int8_t* out_q;   // int8 output (linear) or
+  float* out_f;    // float output (dynamic_linear)
+  int64_t ldo;     // output row length (out_features)
+  bool has_bias;   // dynamic_linear adds the bias only when there is one, as the reference
+};
+
+void linear_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                 int64_t ld) {
+  const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(ctx);
+  const OutQuant q = e.q;
+  for (int64_t i = 0; i < mr; ++i) {
+    const int64_t m = m0 + i;
+    const int32_t corr = e.xzp * e.wsum[m];
+    const float mu = e.mult[m], b = e.bias[m];
+    for (int64_t j = 0; j < nr; ++j) {
+      const float y = float(acc[i * ld + j] - corr) * mu;
+      e.out_q[(n0 + j) * e.ldo + m] = quantize_one(y + b, q);
+    }
+  }
+}
+
+void dynamic_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                  int64_t ld) {
+  const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(ctx);
+  for (int64_t i = 0; i < mr; ++i) {
+    const int64_t m = m0 + i;
+    const int32_t corr = e.xzp * e.wsum[m];
+    const float mu = e.mult[m], b = e.bias[m];
+    for (int64_t j = 0; j < nr; ++j) {
+      const float y = float(acc[i * ld + j] - corr) * mu;
+      e.out_f[(n0 + j) * e.ldo + m] = e.has_bias ? y + b : y;
+    }
+  }
+}
+
+// Shapes of x [..., K] @ W[O, K]^T: rows, K, O; resizes out to [..., O].
+Error linear_shapes(const Tensor& input, const Tensor& weight, Tensor& out, const char* op,
+                    int64_t* rows, int64_t* K, int64_t* O) {
+  if (weight.dim() != 2 || weight.dtype() != ScalarType::Char)
+    return fail(Error::InvalidArgument, "%s: weight must be a 2-d Char tensor", op);
+  if (input.dim() < 1)
+    return fail(Error::InvalidArgument, "%s: input must have at least one dim", op);
+  *K = weight.size(1);
+  *O = weight.size(0);
+  if (input.size(input.dim() - 1) != *K)
+    return fail(Error::InvalidArgument, "%s: input has %lld features, weight expects %lld", op,
+                (long long)input.size(input.dim() - 1), (long long)*K);
+  int64_t sz[kMaxDim];
+  int64_t r = 1;
+  for (int d = 0; d < input.dim() - 1; ++d) {
+    sz[d] = input.size(d);
+    r *= sz[d];
+  }
+  sz[input.dim() - 1] = *O;
+  *rows = r;
+  return out.resize(Span<const int64_t>(sz, size_t(input.dim())));
+}
+
+// mult/bias/wsum arrays of O channels in temp memory.
+Error channel_arrays(KernelContext& ctx, int64_t O, float** mult, float** bias, int32_t** wsum) {
+  Result<void*> pm = ctx.allocate_temp(size_t(O) * (2 * sizeof(float) + sizeof(int32_t)));
+  if (!pm.ok()) return pm.error();
+  *mult = static_cast<float*>(pm.value());
+  *bias = *mult + O;
+  *wsum = reinterpret_cast<int32_t*>(*bias + O);
+  return Error::Ok;
+}
+
+}  // namespace
+
+Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
+                 int64_t input_zero_point, const Tensor& weight, const Tensor& weight_scales,
+                 const Tensor* bias, double output_scale, int64_t output_zero_point,
+                 int64_t output_min, int64_t output_max, Tensor& out) {
+  const char* op = "etb_quantized::linear";
+  if (input.dtype() != ScalarType::Char || out.dtype() != ScalarType::Char)
+    return fail(Error::InvalidArgument, "%s: input and out must be Char (int8)", op);
+  ETB_TRY(check_scale(input_scale, op, "input_scale"));
+  ETB_TRY(check_input_zp(input_zero_point, op, "input"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(output_scale, output_zero_point, output_min, output_max, op, &q));
+  int64_t rows = 0, K = 0, O = 0;
+  ETB_TRY(linear_shapes(input, weight, out, op, &rows, &K, &O));
+  ETB_TRY(check_channel_params(weight_scales, bias, O, op));
+  if (out.numel() == 0) return Error::Ok;
+  float *mult, *bias_f;
+  int32_t* wsum;
+  ETB_TRY(channel_arrays(ctx, O, &mult, &bias_f, &wsum));
+  const float xs = float(input_scale);
+  const float* ws = weight_scales.data_as<float>();
+  for (int64_t c = 0; c < O; ++c) {
+    mult[c] = xs * ws[c];
+    bias_f[c] = bias != nullptr ? bias->data_as<float>()[c] : 0.f;
+  }
+  const int8_t* w = weight.data_as<int8_t>();
+  row_sums(O, K, w, K, wsum);
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  if (!wsm.ok()) return wsm.error();
+  LinearEpilogue e{wsum, mult, bias_f, int32_t(input_zero_point), q, out.data_as<int8_t>(),
+                   nullptr, O, bias != nullptr};
+  qgemm(O, rows, K, w, K, input.data_as<int8_t>(), 1, K, wsm.value(), linear_tile, &e);
+  return Error::Ok;
+}
+
+Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
+                         const Tensor& weight_scales, const Tensor* bias, Tensor& out) {
+  const char* op = "etb_quantized::dynamic_linear";
+  if (input.dtype() != ScalarType::Float || out.dtype() != ScalarType::Float)
+    return fail(Error::InvalidArgument, "%s: input and out must be Float", op);
+  int64_t rows = 0, K = 0, O = 0;
+  ETB_TRY(linear_shapes(input, weight, out, op, &rows, &K, &O));
+  ETB_TRY(check_channel_params(weight_scales, bias, O, op));
+  if (out.numel() == 0) return Error::Ok;
+  const int64_t n = input.numel();
+  const float* x = input.data_as<float>();
+  // Per-tensor affine int8 parameters from the range (always including 0), as the reference.
+  float lo = 0.f, hi = 0.f;
+  if (n > 0) {
+    float mn = x[0], mx = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+      mn = x[i] < mn ? x[i] : mn;
+      mx = x[i] > mx ? x[i] : mx;
+    }
+    lo = mn < 0.f ? mn : 0.f;
+    hi = mx > 0.f ? mx : 0.f;
+  }
+  if (!std::isfinite(lo) || !std::isfinite(hi))
+    return fail(Error::InvalidArgument, "%s: input holds a non-finite value", op);
+  float scale = (hi - lo) / 255.0f;
+  scale = scale > FLT_EPSILON ? scale : FLT_EPSILON;
+  float zpf = -128.0f - std::nearbyint(lo / scale);
+  zpf = zpf > -128.f ? zpf : -128.f;
+  zpf = zpf < 127.f ? zpf : 127.f;
+  const int32_t zp = int32_t(zpf);
+  Result<void*> xm = ctx.allocate_temp(size_t(n > 0 ? n : 1));
+  if (!xm.ok()) return xm.error();
+  int8_t* xq = static_cast<int8_t*>(xm.value());
+  OutQuant q;
+  q.zp = float(zp);
+  for (int64_t i = 0; i < n; ++i) {
+    float r = std::nearbyint(x[i] / scale) + q.zp;
+    r = r > q.lo ? r : q.lo;
+    r = r < q.hi ? r : q.hi;
+    xq[i] = int8_t(int32_t(r));
+  }
+  float *mult, *bias_f;
+  int32_t* wsum;
+  ETB_TRY(channel_arrays(ctx, O, &mult, &bias_f, &wsum));
+  const float* ws = weight_scales.data_as<float>();
+  for (int64_t c = 0; c < O; ++c) {
+    mult[c] = scale * ws[c];
+    bias_f[c] = bias != nullptr ? bias->data_as<float>()[c] : 0.f;
+  }
+  const int8_t* w = weight.data_as<int8_t>();
+  row_sums(O, K, w, K, wsum);
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  if (!wsm.ok()) return wsm.error();
+  LinearEpilogue e{wsum, mult, bias_f, zp, q, nullptr, out.data_as<float>(), O, bias != nullptr};
+  qgemm(O, rows, K, w, K, xq, 1, K, wsm.value(), dynamic_tile, &e);
+  return Error::Ok;
+}
+
+}  // namespace quantized
+}  // namespace etb

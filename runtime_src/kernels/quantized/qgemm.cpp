@@ -1,0 +1,217 @@
+// B is packed in blocks of columns as int16 pairs along K (element pair (k, k+1) of a column
+// side by side), A in slivers of kMR rows the same way. The micro-kernel then multiplies a
+// broadcast pair of A by a vector of B pairs and adds both products into int32 lanes in one
+// instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), holding a kMR x kNR tile of
+// accumulators in registers across the whole depth. Without AVX2 a plain C++ micro-kernel
+// does the same on the same packing. Sums are exact: |int8 * int8| <= 2^14.
+#include "kernels/quantized/qgemm.h"
+
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
+namespace etb {
+namespace quantized {
+namespace {
+
+#if defined(__AVX512BW__)
+constexpr int64_t kMR = 8, kNR = 32;  // 16 zmm accumulators
+#elif defined(__AVX2__)
+constexpr int64_t kMR = 6, kNR = 16;  // 12 ymm accumulators
+#else
+constexpr int64_t kMR = 4, kNR = 8;
+#endif
+constexpr int64_t kBlockBytes = 192 * 1024;  // packed B block: stays in L2 across A slivers
+constexpr int64_t kSmallN = 4;               // fewer columns: plain dot products
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t pairs(int64_t K) { return (K + 1) / 2; }
+
+// Columns of B per packed block for depth K (a multiple of kNR).
+int64_t block_cols(int64_t K) {
+  int64_t nc = kBlockBytes / (pairs(K) * 4);
+  nc = (nc / kNR) * kNR;
+  return nc < kNR ? kNR : nc;
+}
+
+inline size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+// Packs columns [n0, n0 + nc) of B into panels of kNR columns of int16 pairs.
+void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
+            int16_t* out) {
+  const int64_t Kp = pairs(K);
+  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+    const int64_t nr = min64(kNR, nc - j0);
+    int16_t* panel = out + (j0 / kNR) * Kp * kNR * 2;
+    for (int64_t kp = 0; kp < Kp; ++kp) {
+      int16_t* __restrict d = panel + kp * kNR * 2;
+      const int8_t* r0 = B + (2 * kp) * b_sk + (n0 + j0) * b_sn;
+      const bool has1 = 2 * kp + 1 < K;
+      const int8_t* r1 = has1 ? r0 + b_sk : r0;
+      if (b_sn == 1 && has1) {
+        for (int64_t j = 0; j < nr; ++j) {
+          d[2 * j] = r0[j];
+          d[2 * j + 1] = r1[j];
+        }
+      } else {
+        for (int64_t j = 0; j < nr; ++j) {
+          d[2 * j] = r0[j * b_sn];
+          d[2 * j + 1] = has1 ? int16_t(r1[j * b_sn]) : int16_t(0);
+        }
+      }
+      for (int64_t j = nr; j < kNR; ++j) d[2 * j] = d[2 * j + 1] = 0;
+    }
+  }
+}
+
+// Packs rows [m0, m0 + mr) of A as int16 pairs: out[(kp * kMR + i) * 2 + t] = A[m0+i][2kp+t].
+void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int16_t* out) {
+  const int64_t Kp = pairs(K);
+  for (int64_t i = 0; i < kMR; ++i) {
+    const int8_t* a = A + (m0 + i) * lda;
+    for (int64_t kp = 0; kp < Kp; ++kp) {
+      int16_t* d = out + (kp * kMR + i) * 2;
+      if (i >= mr) {
+        d[0] = d[1] = 0;
+      } else {
+        d[0] = a[2 * kp];
+        d[1] = 2 * kp + 1 < K ? int16_t(a[2 * kp + 1]) : int16_t(0);
+      }
+    }
+  }
+}
+
+#if defined(__AVX512BW__)
+inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+  __m512i c[kMR][2];
+  for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    const __m512i b0 = _mm512_loadu_si512(bp);
+    const __m512i b1 = _mm512_loadu_si512(bp + 32);
+    for (int64_t i = 0; i < kMR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, ap + 2 * i, sizeof(pair));
+      const __m512i a = _mm512_set1_epi32(pair);
+      c[i][0] = dot_pairs(c[i][0], a, b0);
+      c[i][1] = dot_pairs(c[i][1], a, b1);
+    }
+    ap += 2 * kMR;
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i) {
+    _mm512_storeu_si512(tile + i * kNR, c[i][0]);
+    _mm512_storeu_si512(tile + i * kNR + 16, c[i][1]);
+  }
+}
+#elif defined(__AVX2__)
+void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+  __m256i c[kMR][2];
+  for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm256_setzero_si256();
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16));
+    for (int64_t i = 0; i < kMR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, ap + 2 * i, sizeof(pair));
+      const __m256i a = _mm256_set1_epi32(pair);
+      c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(a, b0));
+      c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(a, b1));
+    }
+    ap += 2 * kMR;
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR), c[i][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR + 8), c[i][1]);
+  }
+}
+#else
+void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+  int32_t c[kMR][kNR] = {};
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    for (int64_t i = 0; i < kMR; ++i) {
+      const int32_t a0 = ap[2 * i], a1 = ap[2 * i + 1];
+      for (int64_t j = 0; j < kNR; ++j) c[i][j] += a0 * bp[2 * j] + a1 * bp[2 * j + 1];
+    }
+    ap += 2 * kMR;
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int64_t j = 0; j < kNR; ++j) tile[i * kNR + j] = c[i][j];
+}
+#endif
+
+inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64_t K) {
+  int32_t s = 0;
+  for (int64_t k = 0; k < K; ++k) s += int32_t(a[k]) * int32_t(b[k]);
+  return s;
+}
+
+}  // namespace
+
+size_t qgemm_workspace_bytes(int64_t K) {
+  const size_t Kp = size_t(pairs(K));
+  return align64(size_t(block_cols(K)) * Kp * 4) + align64(size_t(kMR) * Kp * 4);
+}
+
+void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* a = A + m * lda;
+    int32_t s = 0;
+    for (int64_t k = 0; k < K; ++k) s += a[k];
+    sums[m] = s;
+  }
+}
+
+void qgemm(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const int8_t* B,
+           int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx) {
+  alignas(64) int32_t tile[kMR * kNR];
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < kMR * kNR; ++i) tile[i] = 0;
+    for (int64_t m0 = 0; m0 < M; m0 += kMR)
+      for (int64_t n0 = 0; n0 < N; n0 += kNR)
+        fn(ctx, m0, n0, min64(kMR, M - m0), min64(kNR, N - n0), tile, kNR);
+    return;
+  }
+  if (N <= kSmallN && b_sk == 1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+      const int64_t mr = min64(kMR, M - m0);
+      for (int64_t i = 0; i < mr; ++i)
+        for (int64_t n = 0; n < N; ++n)
+          tile[i * kNR + n] = dot(A + (m0 + i) * lda, B + n * b_sn, K);
+      fn(ctx, m0, 0, mr, N, tile, kNR);
+    }
+    return;
+  }
+  const int64_t Kp = pairs(K);
+  const int64_t nc_max = block_cols(K);
+  int16_t* bpack = static_cast<int16_t*>(workspace);
+  int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
+                                              align64(size_t(nc_max) * size_t(Kp) * 4));
+  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
+    const int64_t nc = min64(nc_max, N - n0);
+    pack_b(K, n0, nc, B, b_sk, b_sn, bpack);
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+      const int64_t mr = min64(kMR, M - m0);
+      pack_a(K, m0, mr, A, lda, apack);
+      for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+        micro_kernel(Kp, apack, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
+        fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);
+      }
+    }
+  }
+}
+
+}  // namespace quantized
+}  // namespace etb

@@ -1,0 +1,166 @@
+"""The build stage: the tailored runtime (only the selected kernels), its cache, its size
+budget, find_package from an application, and the linux_aarch64 cross build under qemu."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from etbuild_test_support import build_in_process, run_cli
+
+pytestmark = pytest.mark.e2e
+
+MLP = ["model=mlp"]
+
+
+def _stage(run_dir: Path, name: str) -> dict:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return next(s for s in manifest["stages"] if s["name"] == name)
+
+
+@pytest.fixture(scope="session")
+def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("build_mlp")
+    build_in_process(MLP, run_dir)
+    return run_dir
+
+
+def _kernel_names() -> dict[str, str]:
+    """op key -> kernel function name (etb::ns::name) for every op in ops_yaml."""
+    from etbuild.codegen.gen import load_entries
+    from etbuild.pipeline.paths import OPS_YAML_DIR
+
+    return {e.schema.key: e.kernel_name for e in load_entries(OPS_YAML_DIR)}
+
+
+def test_tailored_library_holds_exactly_the_selected_kernels(mlp_build: Path) -> None:
+    runtime = mlp_build / "runtime"
+    for rel in (
+        "lib/libetb_runtime.a",
+        "lib/libetb_kernels.a",
+        "bin/etb_runner",
+        "include/register_kernels.h",
+        "include/executor/program.h",
+        "lib/cmake/etbuild_runtime/etbuild_runtimeConfig.cmake",
+    ):
+        assert (runtime / rel).is_file(), rel
+    selected = yaml.safe_load((mlp_build / "selected_operators.yaml").read_text())["operators"]
+    kernels = _kernel_names()
+    nm = subprocess.run(
+        ["nm", "-C", "--defined-only", str(runtime / "lib/libetb_kernels.a")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    defined = {line.split(" ", 2)[2].split("(")[0] for line in nm.splitlines() if " T " in line}
+    present = {key for key, name in kernels.items() if name in defined}
+    assert present == set(selected), (sorted(present), sorted(selected))
+    # The build stage records every file it wrote in the manifest.
+    writes = _stage(mlp_build, "build")["writes"]
+    assert "runtime/lib/libetb_kernels.a" in writes and "runtime/bin/etb_runner" in writes
+
+
+def test_verify_runs_the_built_runner(mlp_build: Path) -> None:
+    summary = _stage(mlp_build, "verify")["summary"]
+    assert summary["status"] == "ran"
+    report = (mlp_build / "report.md").read_text()
+    assert "## Runtime size (host)" in report and "all ops" in report
+    assert "Largest kernels" in report
+
+
+def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) -> None:
+    assert _stage(mlp_build, "build")["summary"]["cache"] in ("miss", "hit")
+    cache = Path(os.environ["ETBUILD_CACHE_DIR"])
+    before = {p: p.stat().st_mtime_ns for p in cache.rglob("*")}
+    build_in_process(MLP, tmp_path / "again")
+    summary = _stage(tmp_path / "again", "build")["summary"]
+    assert summary["cache"] == "hit"
+    assert summary["key"] == _stage(mlp_build, "build")["summary"]["key"]
+    after = {p: p.stat().st_mtime_ns for p in cache.rglob("*")}
+    assert after == before  # nothing was rebuilt or rewritten
+    assert (tmp_path / "again/runtime/lib/libetb_kernels.a").read_bytes() == (
+        mlp_build / "runtime/lib/libetb_kernels.a"
+    ).read_bytes()
+
+
+def test_size_budget_fails_the_build(mlp_build: Path, tmp_path: Path) -> None:
+    proc = run_cli([*MLP, "build.size_budget_kb=1", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "build.size_budget_kb=1" in out and "KiB" in out and "Traceback" not in out, out
+
+
+def test_android_without_ndk_stops_before_export(tmp_path: Path) -> None:
+    env_backup = {
+        k: os.environ.pop(k) for k in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT") if k in os.environ
+    }
+    try:
+        proc = run_cli([*MLP, "+target=android", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    finally:
+        os.environ.update(env_backup)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    for needle in ("target.ndk", "ANDROID_NDK_HOME", "ANDROID_NDK_ROOT"):
+        assert needle in out, out
+    assert "export" not in proc.stdout and "[1/" not in proc.stdout, out
+    assert not (tmp_path / "run" / "model.pte").exists()
+
+
+def test_find_package_from_an_application(mlp_build: Path, tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(app CXX)\n"
+        "find_package(etbuild_runtime REQUIRED)\n"
+        "add_executable(app main.cpp)\ntarget_link_libraries(app PRIVATE etbuild::runtime)\n"
+    )
+    (app / "main.cpp").write_text(
+        '#include "executor/data_loader.h"\n#include "executor/program.h"\n'
+        '#include "register_kernels.h"\n#include <cstdio>\n'
+        "int main(int argc, char** argv) {\n"
+        "  if (argc < 2 || etb::register_all_kernels() != etb::Error::Ok) return 2;\n"
+        "  auto loader = etb::FileDataLoader::open(argv[1]);\n"
+        "  if (!loader.ok()) return 3;\n"
+        "  auto program = etb::Program::load(&loader.value());\n"
+        "  if (!program.ok()) return 4;\n"
+        '  std::printf("methods=%zu\\n", program->num_methods());\n'
+        "  return 0;\n}\n"
+    )
+    cmake = shutil.which("cmake")
+    subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(app),
+            "-B",
+            str(app / "b"),
+            "-G",
+            "Ninja",
+            f"-DCMAKE_PREFIX_PATH={mlp_build / 'runtime'}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run([cmake, "--build", str(app / "b")], check=True, capture_output=True)
+    proc = subprocess.run(
+        [str(app / "b/app"), str(mlp_build / "model.pte")], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "methods=1" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-g++") is None or shutil.which("qemu-aarch64") is None,
+    reason="needs g++-aarch64-linux-gnu and qemu-user (CI installs them)",
+)
+def test_linux_aarch64_cross_build_runs_under_qemu(tmp_path: Path) -> None:
+    build_in_process([*MLP, "+target=linux_aarch64"], tmp_path / "run")
+    summary = _stage(tmp_path / "run", "verify")["summary"]
+    assert summary["status"] == "ran under qemu-aarch64"
+    runner = tmp_path / "run/runtime/bin/etb_runner"
+    header = runner.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64

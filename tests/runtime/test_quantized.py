@@ -1,0 +1,346 @@
+"""The runtime's int8 kernels (runtime_src/kernels/quantized/) against their reference
+semantics (pipeline/quant/ops.py), on randomized shapes and quantization parameters.
+
+Each case is a module that calls one ``etb_quantized`` op on its (int8 or fp32) inputs and
+constant buffers; etbuild's pipeline builds it into a program and the runtime's output must be
+*exactly* the reference op's output: the kernels implement the same float32 operations in the
+same order (no fused multiply-add), round half to even and clamp the same way, and sum the
+integer products exactly.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torchao")
+
+from etbuild.pipeline.quant import ops as qops  # noqa: E402
+
+Q = qops.ops
+
+
+class Op(nn.Module):
+    """Calls ``fn(self, *inputs)``; constant tensors are buffers (program constants)."""
+
+    def __init__(self, fn, **consts: torch.Tensor | None) -> None:
+        super().__init__()
+        self.fn = fn
+        self.none = [k for k, v in consts.items() if v is None]
+        for k, v in consts.items():
+            if v is not None:
+                self.register_buffer(k, v)
+
+    def c(self, name: str) -> torch.Tensor | None:
+        return None if name in self.none else getattr(self, name)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def run_exact(rt, pipeline_program, module: nn.Module, inputs: list[torch.Tensor]) -> None:
+    module.eval()
+    with torch.no_grad():
+        want = module(*inputs)
+    prog = rt.load(str(pipeline_program(module, inputs)))
+    (got,) = prog.run(list(inputs))
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
+    if want.dtype == torch.int8:
+        diff = (got.int() - want.int()).abs()
+        assert diff.max().item() == 0 if diff.numel() else True, (
+            f"{int((diff != 0).sum())} of {diff.numel()} elements differ, max {diff.max()}"
+        )
+    else:
+        assert torch.equal(got, want), (got - want).abs().max()
+
+
+def i8(shape, gen, lo=-128, hi=127) -> torch.Tensor:
+    return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int8)
+
+
+def out_params(rng: random.Random) -> tuple[int, int, int]:
+    """Output zero point and clamp bounds: plain, ReLU (lo = zp), ReLU6-like, extremes."""
+    zp = rng.choice([-128, -3, 0, 5, 127])
+    kind = rng.choice(["plain", "relu", "relu6", "narrow"])
+    if kind == "relu":
+        return zp, zp, 127
+    if kind == "relu6":
+        return zp, max(-128, zp), min(127, zp + 60)
+    if kind == "narrow":
+        return zp, -127, 100
+    return zp, -128, 127
+
+
+def weight_scales(rng: random.Random, gen, channels: int) -> torch.Tensor:
+    if rng.random() < 0.3:  # per-tensor: one scale repeated
+        return torch.full((channels,), rng.uniform(0.001, 0.02))
+    return torch.rand(channels, generator=gen) * 0.02 + 0.0005
+
+
+# ---- conv2d ------------------------------------------------------------------------------
+
+
+def conv_case(seed: int) -> tuple[dict, torch.Tensor]:
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    kind = ["dense", "depthwise", "grouped", "pointwise", "depthwise_mult", "strided_1x1"][seed % 6]
+    n = rng.choice([1, 2])
+    if kind == "depthwise":
+        c = rng.choice([3, 8, 17])
+        oc, groups = c, c
+    elif kind == "depthwise_mult":
+        c = rng.choice([2, 5])
+        oc, groups = 2 * c, c
+    elif kind == "grouped":
+        groups = rng.choice([2, 3])
+        c, oc = groups * rng.choice([1, 3, 4]), groups * rng.choice([2, 5])
+    else:
+        groups, c, oc = 1, rng.choice([1, 3, 16, 33]), rng.choice([1, 7, 24, 40])
+    if kind in ("pointwise", "strided_1x1"):
+        kh = kw = 1
+    else:
+        kh, kw = rng.choice([(3, 3), (1, 3), (5, 5), (2, 3)])
+    stride = [2, 2] if kind == "strided_1x1" else [rng.choice([1, 2, 3]), rng.choice([1, 2])]
+    if kind == "pointwise":
+        stride, padding, dilation = [1, 1], [0, 0], [1, 1]
+    else:
+        padding = [rng.randint(0, kh // 2 + 1), rng.randint(0, kw // 2)]
+        dilation = [rng.choice([1, 1, 2]), 1]
+    h, w = rng.choice([1, 5, 9, 14]) + kh * dilation[0], rng.choice([1, 6, 11, 31]) + kw
+    x = i8((n, c, h, w), gen)
+    ozp, lo, hi = out_params(rng)
+    args = dict(
+        xs=rng.uniform(0.01, 0.1),
+        xzp=rng.choice([-128, -7, 0, 12, 127]),
+        w=i8((oc, c // groups, kh, kw), gen, -127, 127),
+        ws=weight_scales(rng, gen, oc),
+        b=None if rng.random() < 0.3 else torch.randn(oc, generator=gen),
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        os=rng.uniform(0.02, 0.3),
+        ozp=ozp,
+        lo=lo,
+        hi=hi,
+    )
+    return args, x
+
+
+def conv_module(a: dict) -> Op:
+    return Op(
+        lambda m, x: Q.conv2d(
+            x,
+            a["xs"],
+            a["xzp"],
+            m.w,
+            m.ws,
+            m.c("b"),
+            a["stride"],
+            a["padding"],
+            a["dilation"],
+            a["groups"],
+            a["os"],
+            a["ozp"],
+            a["lo"],
+            a["hi"],
+        ),  # fmt: skip
+        w=a["w"],
+        ws=a["ws"],
+        b=a["b"],
+    )
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_conv2d_randomized(rt, pipeline_program, seed):
+    args, x = conv_case(seed)
+    run_exact(rt, pipeline_program, conv_module(args), [x])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # (N, C, H, W, OC, k, stride, pad, groups): paths and block edges
+        (1, 600, 5, 7, 37, 1, 1, 0, 1),  # deep pointwise
+        (1, 16, 40, 41, 9, 1, 1, 0, 1),  # many pixels: several packed column blocks
+        (1, 3, 33, 35, 32, 3, 2, 1, 1),  # MobileNet's first conv
+        (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
+        (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise with 529 taps: the generic path
+        (1, 8, 1, 1, 8, 1, 1, 0, 1),  # 1x1 spatial
+    ],
+)
+def test_conv2d_paths(rt, pipeline_program, shape):
+    n, c, h, w, oc, k, s, p, g = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    rng = random.Random(sum(shape))
+    args = dict(xs=0.04, xzp=-9, w=i8((oc, c // g, k, k), gen, -127, 127),
+                ws=weight_scales(rng, gen, oc), b=torch.randn(oc, generator=gen),
+                stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.5 + c / 10,
+                ozp=4, lo=-128, hi=127)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)])
+
+
+def test_conv2d_large_accumulators_round_like_the_reference(rt, pipeline_program):
+    """|acc| > 2^24: float32(acc) rounds; the kernel converts exactly like the reference."""
+    gen = torch.Generator().manual_seed(0)
+    c = 2048
+    w = torch.where(torch.rand(5, c, 1, 1, generator=gen) < 0.9, -128, 127).to(torch.int8)
+    x = torch.full((1, c, 2, 3), 127, dtype=torch.int8)
+    x[0, :7, 0, 0] = -128
+    args = dict(xs=0.01, xzp=-128, w=w, ws=torch.full((5,), 1e-5), b=None, stride=[1, 1],
+                padding=[0, 0], dilation=[1, 1], groups=1, os=0.013, ozp=0, lo=-128,
+                hi=127)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [x])
+
+
+def test_conv2d_ties_round_half_to_even(rt, pipeline_program):
+    x = torch.tensor([[[[1, 3, 5, 100, -1, -3]]]], dtype=torch.int8)
+    args = dict(xs=1.0, xzp=0, w=torch.ones(1, 1, 1, 1, dtype=torch.int8),
+                ws=torch.tensor([0.5]), b=None, stride=[1, 1], padding=[0, 0], dilation=[1, 1],
+                groups=1, os=1.0, ozp=0, lo=-128, hi=20)  # fmt: skip
+    module = conv_module(args)
+    assert module(x).flatten().tolist() == [0, 2, 2, 20, 0, -2]
+    run_exact(rt, pipeline_program, module, [x])
+
+
+# ---- linear ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_linear_randomized(rt, pipeline_program, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    k, o = rng.choice([1, 7, 32, 129]), rng.choice([1, 5, 16, 70])
+    lead = rng.choice([[], [1], [3], [4], [37], [2, 3], [2, 20]])
+    ozp, lo, hi = out_params(rng)
+    xs, xzp, os_ = rng.uniform(0.01, 0.1), rng.choice([-128, 0, 9, 127]), rng.uniform(0.05, 1)
+    module = Op(
+        lambda m, x: Q.linear(x, xs, xzp, m.w, m.ws, m.c("b"), os_, ozp, lo, hi),
+        w=i8((o, k), gen, -127, 127),
+        ws=weight_scales(rng, gen, o),
+        b=None if seed % 3 == 0 else torch.randn(o, generator=gen),
+    )
+    run_exact(rt, pipeline_program, module, [i8((*lead, k), gen)])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dynamic_linear_randomized(rt, pipeline_program, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    k, o = rng.choice([3, 16, 64]), rng.choice([2, 9, 33])
+    lead = rng.choice([[1], [4], [2, 7], [40]])
+    x = torch.randn((*lead, k), generator=gen) * rng.choice([0.01, 1, 30])
+    if seed == 1:
+        x = x.abs()  # lo = 0
+    elif seed == 2:
+        x = -x.abs()  # hi = 0
+    elif seed == 3:
+        x = torch.zeros_like(x)  # scale = eps
+    module = Op(
+        lambda m, x: Q.dynamic_linear(x, m.w, m.ws, m.c("b")),
+        w=i8((o, k), gen, -127, 127),
+        ws=weight_scales(rng, gen, o),
+        b=None if seed % 2 else torch.randn(o, generator=gen),
+    )
+    run_exact(rt, pipeline_program, module, [x])
+
+
+# ---- add, mean, max_pool2d, quantize, dequantize --------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_add_broadcast(rt, pipeline_program, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    nd = rng.randint(1, 4)
+    a = [rng.choice([1, 2, 3, 5, 7]) for _ in range(nd)]
+    b = [s if rng.random() < 0.6 else 1 for s in a]
+    if rng.random() < 0.3:
+        b = b[rng.randint(0, nd - 1) :]
+    if seed % 2:
+        a, b = b, a
+    ozp, lo, hi = out_params(rng)
+    p = [rng.uniform(0.01, 0.2), rng.choice([-128, 0, 127]), rng.uniform(0.01, 0.2),
+         rng.choice([-128, 3, 127]), rng.uniform(0.02, 0.3), ozp, lo, hi]  # fmt: skip
+    module = Op(lambda m, x, y: Q.add(x, p[0], p[1], y, p[2], p[3], p[4], p[5], p[6], p[7]))
+    run_exact(rt, pipeline_program, module, [i8(a, gen), i8(b, gen)])
+
+
+@pytest.mark.parametrize(
+    "shape,dims,keepdim",
+    [
+        ((2, 5, 7, 3), [2, 3], True),
+        ((2, 5, 7, 3), [2, 3], False),
+        ((1, 64, 7, 7), [-1, -2], True),
+        ((3, 4, 5), [1], False),
+        ((3, 4, 5), [0, 2], True),
+        ((6, 1, 9), [0], False),
+        ((5,), [0], True),
+    ],
+)
+def test_mean(rt, pipeline_program, shape, dims, keepdim):
+    gen = torch.Generator().manual_seed(len(shape) + len(dims))
+    for xzp, os_ in ((-128, 0.05), (17, 0.011), (127, 0.3)):
+        module = Op(lambda m, x, xzp=xzp, os_=os_: Q.mean(x, 0.07, xzp, dims, keepdim, os_, -5))
+        run_exact(rt, pipeline_program, module, [i8(shape, gen)])
+
+
+@pytest.mark.parametrize(
+    "shape,kernel,stride,padding,dilation,ceil",
+    [
+        ((1, 3, 8, 8), [2, 2], [2, 2], [0, 0], [1, 1], False),
+        ((2, 4, 9, 11), [3, 3], [2, 2], [1, 1], [1, 1], False),
+        ((2, 4, 9, 11), [3, 3], [2, 2], [1, 1], [1, 1], True),
+        ((1, 2, 10, 7), [3, 2], [1, 2], [0, 1], [2, 1], True),
+        ((3, 7, 7), [2, 2], [], [0, 0], [1, 1], False),
+    ],
+)
+def test_max_pool2d(rt, pipeline_program, shape, kernel, stride, padding, dilation, ceil):
+    gen = torch.Generator().manual_seed(len(shape))
+    module = Op(lambda m, x: Q.max_pool2d(x, kernel, stride, padding, dilation, ceil))
+    run_exact(rt, pipeline_program, module, [i8(shape, gen)])
+
+
+@pytest.mark.parametrize("zp,qmin,qmax", [(0, -128, 127), (-128, -128, 127), (127, -128, 127),
+                                          (3, -127, 127), (-20, -20, 127)])  # fmt: skip
+def test_quantize_dequantize(rt, pipeline_program, zp, qmin, qmax):
+    gen = torch.Generator().manual_seed(zp & 0xFF)
+    scale = 0.037
+    x = torch.randn(3, 50, generator=gen) * 3
+    x[0, :20] = (torch.arange(20) - 10 + 0.5) * scale  # ties (up to float rounding)
+    x[1, :4] = torch.tensor([1e9, -1e9, 0.0, -0.0])
+    run_exact(rt, pipeline_program, Op(lambda m, x: Q.quantize_per_tensor(x, scale, zp, qmin,
+                                                                          qmax)), [x])  # fmt: skip
+    q = i8((4, 33), gen)
+    run_exact(rt, pipeline_program, Op(lambda m, q: Q.dequantize_per_tensor(q, scale, zp)), [q])
+
+
+def test_int8_permute_and_view(rt, pipeline_program):
+    """Shape ops on int8 tensors (Char in portable.yaml's view_copy / permute_copy)."""
+    gen = torch.Generator().manual_seed(0)
+    module = Op(lambda m, q: Q.add(q.permute(0, 2, 1).reshape(6, 4), 0.1, 0, q.reshape(6, 4),
+                                   0.1, 0, 0.2, 0, -128, 127))  # fmt: skip
+    run_exact(rt, pipeline_program, module, [i8((2, 3, 4), gen)])
+
+
+# ---- errors a program can trigger ------------------------------------------------------------
+
+
+def test_bad_zero_point_is_an_error_not_a_crash(rt, pipeline_program):
+    gen = torch.Generator().manual_seed(0)
+    module = Op(lambda m, x: Q.add(x, 0.1, 300, x, 0.1, 0, 0.2, 0, -128, 127))
+    prog = rt.load(str(pipeline_program(module, [i8((2, 3), gen)])))
+    with pytest.raises(rt.Error, match=r"etb_quantized::add: self zero point 300 is outside"):
+        prog.run([i8((2, 3), gen)])
+
+
+def test_bad_clamp_bounds_are_an_error(rt, pipeline_program):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, generator=gen)
+    module = Op(lambda m, x: Q.quantize_per_tensor(x, 0.1, 0, 10, -10))
+    prog = rt.load(str(pipeline_program(module, [x])))
+    with pytest.raises(rt.Error, match=r"output clamp \[10, -10\] must lie within"):
+        prog.run([x])
