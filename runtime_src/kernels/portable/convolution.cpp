@@ -5,33 +5,13 @@
 // precomputed valid output range, so it has no bounds checks; everything else packs
 // column tiles (im2col) into temp memory and runs the GEMM on them.
 #include "kernels/portable/gemm.h"
+#include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
 #include "native_functions.h"
 
 namespace etb {
 namespace native {
 namespace {
-
-struct ConvShape {
-  int64_t N, C, H, W;        // input
-  int64_t OC, KH, KW;        // weight
-  int64_t OH, OW;            // output
-  int64_t sh, sw, ph, pw, dh, dw, groups;
-};
-
-// Valid output range [lo, hi) along one axis for kernel offset `koff` so that
-// 0 <= o*stride - pad + koff < in.
-inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t koff,
-                        int64_t* lo, int64_t* hi) {
-  int64_t l = pad - koff;  // need o*stride >= pad - koff
-  int64_t a = l <= 0 ? 0 : (l + stride - 1) / stride;
-  int64_t r = in + pad - koff;  // need o*stride < in + pad - koff
-  int64_t b = r <= 0 ? 0 : (r + stride - 1) / stride;
-  if (b > out) b = out;
-  if (a > b) a = b;
-  *lo = a;
-  *hi = b;
-}
 
 void conv_depthwise(const ConvShape& s, const float* in, const float* w, float* out) {
   const int64_t mult = s.OC / s.groups;  // output channels per input channel
@@ -123,12 +103,6 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   if (weight.dim() != input.dim())
     return fail(Error::InvalidArgument, "convolution: weight has %d dims, input %d",
                 weight.dim(), input.dim());
-  auto pick = [](Span<const int64_t> v, int i, int64_t dflt, int64_t* out) {
-    if (v.size() == 0) { *out = dflt; return true; }
-    if (v.size() == 1) { *out = v[0]; return true; }
-    if (size_t(i) < v.size()) { *out = v[size_t(i)]; return true; }
-    return false;
-  };
   ConvShape s;
   s.N = input.size(0);
   s.C = input.size(1);
@@ -140,13 +114,13 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   s.groups = groups;
   bool ok = true;
   if (nd == 2) {
-    ok = ok && pick(stride, 0, 1, &s.sh) && pick(stride, 1, 1, &s.sw);
-    ok = ok && pick(padding, 0, 0, &s.ph) && pick(padding, 1, 0, &s.pw);
-    ok = ok && pick(dilation, 0, 1, &s.dh) && pick(dilation, 1, 1, &s.dw);
+    ok = ok && pair_item(stride, 0, 1, &s.sh) && pair_item(stride, 1, 1, &s.sw);
+    ok = ok && pair_item(padding, 0, 0, &s.ph) && pair_item(padding, 1, 0, &s.pw);
+    ok = ok && pair_item(dilation, 0, 1, &s.dh) && pair_item(dilation, 1, 1, &s.dw);
   } else {
     s.sh = 1; s.ph = 0; s.dh = 1;
-    ok = ok && pick(stride, 0, 1, &s.sw) && pick(padding, 0, 0, &s.pw) &&
-         pick(dilation, 0, 1, &s.dw);
+    ok = ok && pair_item(stride, 0, 1, &s.sw) && pair_item(padding, 0, 0, &s.pw) &&
+         pair_item(dilation, 0, 1, &s.dw);
   }
   if (!ok || stride.size() > size_t(nd) || padding.size() > size_t(nd) ||
       dilation.size() > size_t(nd))

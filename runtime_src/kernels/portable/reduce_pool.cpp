@@ -1,6 +1,7 @@
 // Reductions and pooling on Float tensors: softmax, layer norm, mean, average and max pools.
 #include <cmath>
 
+#include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
 #include "native_functions.h"
 
@@ -185,27 +186,15 @@ Error resize_pooled(const Tensor& in, Tensor& out, int64_t oh, int64_t ow) {
   return resize_to(out, sz, in.dim());
 }
 
-// PyTorch's pooling_output_shape.
-int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil) {
-  int64_t out = (in + 2 * pad - dil * (k - 1) - 1 + (ceil ? stride - 1 : 0)) / stride + 1;
-  if (ceil && (out - 1) * stride >= in + pad) --out;
-  return out;
-}
-
 struct Pool2d {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
 };
 
 Error parse_pool(const char* op, Span<const int64_t> k, Span<const int64_t> s,
                  Span<const int64_t> p, Span<const int64_t> d, Pool2d* o) {
-  auto two = [](Span<const int64_t> v, int64_t dflt0, int64_t dflt1, int64_t* a, int64_t* b) {
-    if (v.size() == 0) { *a = dflt0; *b = dflt1; return true; }
-    if (v.size() == 1) { *a = *b = v[0]; return true; }
-    if (v.size() == 2) { *a = v[0]; *b = v[1]; return true; }
-    return false;
-  };
-  if (k.size() == 0 || !two(k, 1, 1, &o->kh, &o->kw) || !two(s, o->kh, o->kw, &o->sh, &o->sw) ||
-      !two(p, 0, 0, &o->ph, &o->pw) || !two(d, 1, 1, &o->dh, &o->dw))
+  if (k.size() == 0 || !pair_items(k, 1, 1, &o->kh, &o->kw) ||
+      !pair_items(s, o->kh, o->kw, &o->sh, &o->sw) || !pair_items(p, 0, 0, &o->ph, &o->pw) ||
+      !pair_items(d, 1, 1, &o->dh, &o->dw))
     return fail(Error::InvalidArgument, "%s: kernel/stride/padding/dilation must have 1 or 2 "
                 "items", op);
   constexpr int64_t kLimit = int64_t(1) << 30;

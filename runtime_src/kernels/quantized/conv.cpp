@@ -8,6 +8,7 @@
 //   - depthwise (one input channel per group, at most 514 taps): direct loops in float32,
 //     which are exact here because every partial sum is an integer below 2^24;
 //   - everything else: im2col column tiles (int8) and the GEMM.
+#include "kernels/portable/geometry.h"
 #include "kernels/quantized/qgemm.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
@@ -15,13 +16,6 @@
 namespace etb {
 namespace quantized {
 namespace {
-
-struct ConvShape {
-  int64_t N, C, H, W;  // input
-  int64_t OC, KH, KW;  // weight
-  int64_t OH, OW;      // output
-  int64_t sh, sw, ph, pw, dh, dw, groups;
-};
 
 // Per-output-channel requantization of a GEMM tile into int8 rows of length ldo.
 struct ConvEpilogue {
@@ -46,20 +40,6 @@ void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const 
     int8_t* __restrict o = e.out + m * e.ldo + n0;
     for (int64_t j = 0; j < nr; ++j) o[j] = quantize_one(float(a[j] - corr) * mu + b, q);
   }
-}
-
-// Valid output range [lo, hi) along one axis for kernel offset `koff`:
-// 0 <= o * stride - pad + koff < in.
-inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t koff,
-                        int64_t* lo, int64_t* hi) {
-  int64_t l = pad - koff;
-  int64_t a = l <= 0 ? 0 : (l + stride - 1) / stride;
-  int64_t r = in + pad - koff;
-  int64_t b = r <= 0 ? 0 : (r + stride - 1) / stride;
-  if (b > out) b = out;
-  if (a > b) a = b;
-  *lo = a;
-  *hi = b;
 }
 
 // One depthwise output plane: y[OH x OW] += sum over taps of w * x (x already zero-point
@@ -136,22 +116,6 @@ void im2col_tile(const ConvShape& s, const int8_t* x, int64_t cin, int64_t p0, i
   }
 }
 
-bool pick2(Span<const int64_t> v, int i, int64_t dflt, int64_t* out) {
-  if (v.size() == 0) {
-    *out = dflt;
-    return true;
-  }
-  if (v.size() == 1) {
-    *out = v[0];
-    return true;
-  }
-  if (v.size() == 2) {
-    *out = v[size_t(i)];
-    return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
@@ -180,9 +144,9 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   s.KH = weight.size(2);
   s.KW = weight.size(3);
   s.groups = groups;
-  const bool ok = pick2(stride, 0, 1, &s.sh) && pick2(stride, 1, 1, &s.sw) &&
-                  pick2(padding, 0, 0, &s.ph) && pick2(padding, 1, 0, &s.pw) &&
-                  pick2(dilation, 0, 1, &s.dh) && pick2(dilation, 1, 1, &s.dw);
+  const bool ok = pair_item(stride, 0, 1, &s.sh) && pair_item(stride, 1, 1, &s.sw) &&
+                  pair_item(padding, 0, 0, &s.ph) && pair_item(padding, 1, 0, &s.pw) &&
+                  pair_item(dilation, 0, 1, &s.dh) && pair_item(dilation, 1, 1, &s.dw);
   if (!ok)
     return fail(Error::InvalidArgument, "%s: stride/padding/dilation must have 1 or 2 items", op);
   constexpr int64_t kLimit = int64_t(1) << 30;

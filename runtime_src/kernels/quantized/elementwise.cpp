@@ -1,5 +1,6 @@
 // The int8 kernels that are not GEMMs: quantize / dequantize at fp32 boundaries, add (with
 // broadcasting), mean over dims and max pooling (pipeline/quant/ops.py).
+#include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
@@ -13,31 +14,6 @@ Error expect_char(const Tensor& t, const char* op, const char* arg) {
     return fail(Error::InvalidArgument, "%s: %s has dtype %s, expected Char (int8)", op, arg,
                 scalar_type_name(t.dtype()));
   return Error::Ok;
-}
-
-// PyTorch's pooling_output_shape.
-int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil) {
-  int64_t out = (in + 2 * pad - dil * (k - 1) - 1 + (ceil ? stride - 1 : 0)) / stride + 1;
-  if (ceil && (out - 1) * stride >= in + pad) --out;
-  return out;
-}
-
-bool two(Span<const int64_t> v, int64_t d0, int64_t d1, int64_t* a, int64_t* b) {
-  if (v.size() == 0) {
-    *a = d0;
-    *b = d1;
-    return true;
-  }
-  if (v.size() == 1) {
-    *a = *b = v[0];
-    return true;
-  }
-  if (v.size() == 2) {
-    *a = v[0];
-    *b = v[1];
-    return true;
-  }
-  return false;
 }
 
 }  // namespace
@@ -217,9 +193,9 @@ Error max_pool2d_out(KernelContext&, const Tensor& input, Span<const int64_t> ke
     return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op,
                 input.dim());
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
-  if (kernel_size.size() == 0 || !two(kernel_size, 1, 1, &kh, &kw) ||
-      !two(stride, kh, kw, &sh, &sw) || !two(padding, 0, 0, &ph, &pw) ||
-      !two(dilation, 1, 1, &dh, &dw))
+  if (kernel_size.size() == 0 || !pair_items(kernel_size, 1, 1, &kh, &kw) ||
+      !pair_items(stride, kh, kw, &sh, &sw) || !pair_items(padding, 0, 0, &ph, &pw) ||
+      !pair_items(dilation, 1, 1, &dh, &dw))
     return fail(Error::InvalidArgument,
                 "%s: kernel/stride/padding/dilation must have 1 or 2 items", op);
   constexpr int64_t kLimit = int64_t(1) << 30;
