@@ -49,10 +49,6 @@ class BuiltRunner:
             return [etbt.read(p) for p in outs]
 
 
-def run_program(program: BuiltRunner, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return program.run([t.contiguous() for t in inputs])
-
-
 def sqnr_db(signal: torch.Tensor, test: torch.Tensor) -> float:
     noise = (signal.double() - test.double()).pow(2).mean().item()
     power = signal.double().pow(2).mean().item()
@@ -86,7 +82,7 @@ def _measure_quantized(ctx: Context, program, outputs, expected) -> dict:
     got, want = [outputs[0]], [expected[0]]
     for i in range(vcfg.eval_inputs):
         inputs = make_inputs(mcfg.inputs, mcfg.seed + 9000 + i)
-        got.append(run_program(program, list(inputs))[0])
+        got.append(program.run(list(inputs))[0])
         with torch.no_grad():
             want.append(pytree.tree_leaves(module(*inputs))[0])
     got_all, want_all = (
@@ -134,7 +130,7 @@ def run(ctx: Context) -> None:
     program = BuiltRunner(runner, path, tc.run_prefix)
     inputs = list(ctx.artifacts["example_inputs"])
     expected = ctx.artifacts["reference_outputs"]
-    outputs = run_program(program, inputs)
+    outputs = program.run(inputs)
     if len(outputs) != len(expected):
         raise EtbuildError(
             f"verification failed: the program returns {len(outputs)} outputs, eager "
@@ -142,10 +138,9 @@ def run(ctx: Context) -> None:
         )
     status = "ran" + (f" under {Path(tc.run_prefix[0]).name}" if tc.run_prefix else "")
     if QuantScheme(ctx.cfg.quant.scheme) == QuantScheme.none:
-        facts = {"status": status}
-        facts.update(_check_fp32(outputs, expected, vcfg.tolerance))
+        measured = _check_fp32(outputs, expected, vcfg.tolerance)
     else:
-        facts = {"status": status}
-        facts.update(_measure_quantized(ctx, program, outputs, expected))
+        measured = _measure_quantized(ctx, program, outputs, expected)
+    facts = {"status": status, **measured}
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)
