@@ -46,11 +46,27 @@ class Schema:
 
 @dataclass
 class OpEntry:
-    """One ops_yaml entry ready for generation."""
+    """One ops_yaml entry ready for generation.
+
+    ``dtypes`` are the dtypes per tensor argument that the runtime is built with (the
+    selection's); ``supported`` are the ones ops_yaml lists (empty: same as ``dtypes``).
+    """
 
     schema: Schema
     kernel_name: str
     dtypes: dict[str, list[str]] = field(default_factory=dict)
+    supported: dict[str, list[str]] = field(default_factory=dict)
+
+    def supported_dtypes(self, arg: str) -> list[str] | None:
+        """ops_yaml's dtypes of tensor argument ``arg``; None when it lists none."""
+        return (self.supported or self.dtypes).get(arg)
+
+
+# ScalarType names that ops_yaml may list (core/scalar_type.h).
+SCALAR_TYPES = (
+    "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "Bool", "QInt8",
+    "QUInt8", "QInt32", "BFloat16", "UInt16", "UInt32", "UInt64",
+)  # fmt: skip
 
 
 def _split_top(text: str) -> list[str]:
@@ -121,10 +137,33 @@ def load_entries(ops_dir: Path) -> list[OpEntry]:
             for arg, alias in (kernels[0].get("arg_meta") or {}).items():
                 alias = alias[0] if isinstance(alias, list) else alias
                 dtypes[arg] = list(aliases.get(alias, [alias]))
+                unknown = [d for d in dtypes[arg] if d not in SCALAR_TYPES]
+                if unknown:
+                    raise CodegenError(
+                        f"{path.name}: {schema.key} argument {arg}: unknown dtype(s) "
+                        f"{', '.join(map(str, unknown))} (known: {', '.join(SCALAR_TYPES)})"
+                    )
             if schema.key in entries:
                 raise CodegenError(f"{path.name}: {schema.key} is listed twice")
             entries[schema.key] = OpEntry(schema, kernels[0]["kernel_name"], dtypes)
     return [entries[k] for k in sorted(entries)]
+
+
+def _selected_dtypes(raw: object) -> dict[str, list[str]]:
+    """The ``dtypes`` of one selection entry as {argument: [dtype names]}.
+
+    Arguments may name anything (tensor arguments, Scalar arguments with the scalar's type,
+    names ops_yaml does not know); the caller keeps only the tensor arguments of ops_yaml.
+    An argument listed without a value restricts nothing."""
+    dtypes = raw.get("dtypes") if isinstance(raw, dict) else None
+    if not isinstance(dtypes, dict):
+        return {}
+    out: dict[str, list[str]] = {}
+    for arg, names in dtypes.items():
+        if names is None:
+            continue
+        out[str(arg)] = [str(n) for n in ([names] if isinstance(names, str) else names)]
+    return out
 
 
 def apply_selection(entries: list[OpEntry], selected: dict) -> list[OpEntry]:
@@ -137,9 +176,9 @@ def apply_selection(entries: list[OpEntry], selected: dict) -> list[OpEntry]:
     out = []
     for key in sorted(ops):
         e = by_key[key]
-        want = (ops[key] or {}).get("dtypes", {}) if isinstance(ops[key], dict) else {}
+        want = _selected_dtypes(ops[key])
         dtypes = {a: [d for d in ds if d in want.get(a, ds)] for a, ds in e.dtypes.items()}
-        out.append(OpEntry(e.schema, e.kernel_name, dtypes))
+        out.append(OpEntry(e.schema, e.kernel_name, dtypes, supported=e.dtypes))
     return out
 
 
@@ -307,29 +346,56 @@ def gen_declarations(entries: list[OpEntry]) -> str:
     return "\n".join(lines)
 
 
-def _dtype_check(schema: Schema, arg: Arg, dtypes: list[str], var: str) -> list[str]:
-    cond = " && ".join(f"{var}.dtype() != ScalarType::{d}" for d in dtypes) or "true"
-    allowed = ", ".join(dtypes) or "none"
-    return [
-        f"    if ({cond})",
-        f"      return fail(Error::NotSupported, \"{schema.key}: argument '{arg.name}' has "
-        f'dtype %s; this kernel supports {allowed}", scalar_type_name({var}.dtype()));',
-    ]
+def _cpp_dtype_set(dtypes: list[str]) -> str:
+    return "dtype_set(" + ", ".join(f"ScalarType::{d}" for d in dtypes) + ")"
 
 
-def gen_wrapper(entry: OpEntry) -> str:
+def _check_name(schema: Schema) -> str:
+    return _wrapper_name(schema) + "_check"
+
+
+def _is_tensor_type(arg: Arg) -> bool:
+    return _norm_type(arg.type) in ("Tensor", "Tensor?", "Tensor[]", "Tensor?[]")
+
+
+def _arg_spec(entry: OpEntry, arg: Arg) -> str:
+    """The TensorArgSpec of one tensor argument: its selected dtypes come from the table in
+    selected_dtypes.h (the same one the kernels compile against), so the check refuses
+    exactly the dtype paths that were left out."""
+    key = entry.schema.key
+    supported = entry.supported_dtypes(arg.name)
+    if supported is None:  # ops_yaml lists no dtypes for it: no restriction
+        selected = supported_set = "kAllDtypes"
+    else:
+        selected = f'selected_dtypes("{key}", "{arg.name}")'
+        supported_set = _cpp_dtype_set(supported)
+    write = "true" if arg.is_write and _norm_type(arg.type) == "Tensor" else "false"
+    return (
+        f"  static constexpr TensorArgSpec k_{arg.name}{{\n"
+        f'      "{key}", "{arg.name}", {selected},\n'
+        f"      {supported_set}, {write}}};"
+    )
+
+
+def gen_check(entry: OpEntry) -> str:
+    """The argument check of one op, shared by Method load (at_load) and the boxed wrapper."""
     s = entry.schema
     kind = _return_kind(s)
     nargs = len(s.args) + (0 if kind == "none" else 1)
     out = [
-        f"Error {_wrapper_name(s)}(KernelContext& ctx, Span<EValue*> args) {{",
+        f"// {s.key}: the number and types of the values, the tensors' dtypes and layout.",
+        f"Error {_check_name(s)}(Span<EValue*> args, bool at_load) {{",
+    ]
+    out += [_arg_spec(entry, a) for a in s.args if _is_tensor_type(a)]
+    if not any(_is_tensor_type(a) for a in s.args):
+        out.append("  (void)at_load;")
+    out += [
         f"  if (args.size() != {nargs})",
         f'    return fail(Error::InvalidProgram, "{s.key} takes {nargs} values, got %zu", '
         "args.size());",
     ]
-    call = []
     for i, a in enumerate(s.args):
-        _, check, unbox = _type_info(s, a)
+        _, check, _ = _type_info(s, a)
         v = f"(*args[{i}])"
         t = _norm_type(a.type)
         out.append(f"  if (!{check.format(v=v)})")
@@ -337,60 +403,50 @@ def gen_wrapper(entry: OpEntry) -> str:
             f"    return fail(Error::InvalidProgram, \"{s.key}: argument '{a.name}' "
             f'(#{i}) must be {a.type}, got %s", tag_name({v}.tag()));'
         )
-        dtypes = entry.dtypes.get(a.name)
         if t == "Tensor":
-            out.append("  {")
-            out.append(f"    const Tensor& t = {v}.to_tensor();")
-            out.append(
-                f'    ETB_TRY(check_tensor_arg(t, "{s.key}", "{a.name}", '
-                f"{'true' if a.is_write else 'false'}));"
-            )
-            if dtypes is not None:
-                out += _dtype_check(s, a, dtypes, "t")
-            out.append("  }")
+            out.append(f"  ETB_TRY(check_tensor_arg({v}.to_tensor(), k_{a.name}, at_load));")
         elif t == "Tensor?":
-            out.append(f"  if ({v}.is_tensor()) {{")
-            out.append(f"    const Tensor& t = {v}.to_tensor();")
-            out.append(f'    ETB_TRY(check_tensor_arg(t, "{s.key}", "{a.name}", false));')
-            if dtypes is not None:
-                out += _dtype_check(s, a, dtypes, "t")
-            out.append("  }")
+            out.append(
+                f"  if ({v}.is_tensor()) "
+                f"ETB_TRY(check_tensor_arg({v}.to_tensor(), k_{a.name}, at_load));"
+            )
         elif t in ("Tensor[]", "Tensor?[]"):
-            out.append(f"  for (Tensor* p : {v}.to_tensor_list()) {{")
-            out.append("    if (p == nullptr) continue;")
-            out.append("    const Tensor& t = *p;")
-            out.append(f'    ETB_TRY(check_tensor_arg(t, "{s.key}", "{a.name}", false));')
-            if dtypes is not None:
-                out += _dtype_check(s, a, dtypes, "t")
-            out.append("  }")
-        call.append(unbox.format(v=v))
+            out.append(f"  for (Tensor* p : {v}.to_tensor_list())")
+            out.append(f"    if (p != nullptr) ETB_TRY(check_tensor_arg(*p, k_{a.name}, at_load));")
     r = f"(*args[{len(s.args)}])"
-    if kind == "tensor":
-        out.append(f"  if (!{r}.is_tensor())")
+    ret = {
+        "tensor": ("is_tensor", "a Tensor"),
+        "tensor_list": ("is_tensor_list", "a TensorList"),
+        "int": ("is_int", "an Int"),
+        "scalar": ("is_scalar", "a Scalar"),
+    }.get(kind)
+    if ret is not None:
+        out.append(f"  if (!{r}.{ret[0]}())")
         out.append(
-            f'    return fail(Error::InvalidProgram, "{s.key}: return value must be a '
-            f'Tensor, got %s", tag_name({r}.tag()));'
+            f'    return fail(Error::InvalidProgram, "{s.key}: return value must be '
+            f'{ret[1]}, got %s", tag_name({r}.tag()));'
         )
-    elif kind == "tensor_list":
-        out.append(f"  if (!{r}.is_tensor_list())")
-        out.append(
-            f'    return fail(Error::InvalidProgram, "{s.key}: return value must be a '
-            f'TensorList, got %s", tag_name({r}.tag()));'
-        )
-    elif kind == "int":
-        out.append(f"  if (!{r}.is_int())")
-        out.append(
-            f'    return fail(Error::InvalidProgram, "{s.key}: return value must be an '
-            f'Int, got %s", tag_name({r}.tag()));'
-        )
+    out.append("  return Error::Ok;")
+    out.append("}")
+    return "\n".join(out)
+
+
+def gen_wrapper(entry: OpEntry) -> str:
+    """The boxed kernel: the op's check, then the unboxed call."""
+    s = entry.schema
+    kind = _return_kind(s)
+    out = [
+        gen_check(entry),
+        "",
+        f"Error {_wrapper_name(s)}(KernelContext& ctx, Span<EValue*> args) {{",
+        f"  ETB_TRY({_check_name(s)}(args, false));",
+    ]
+    call = [_type_info(s, a)[2].format(v=f"(*args[{i}])") for i, a in enumerate(s.args)]
+    r = f"(*args[{len(s.args)}])"
+    if kind == "int":
         out.append("  int64_t result = 0;")
         call.append("result")
     elif kind == "scalar":
-        out.append(f"  if (!{r}.is_scalar())")
-        out.append(
-            f'    return fail(Error::InvalidProgram, "{s.key}: return value must be a '
-            f'Scalar, got %s", tag_name({r}.tag()));'
-        )
         out.append("  Scalar result;")
         call.append("result")
     joined = ",\n      ".join(["ctx"] + call)
@@ -408,6 +464,49 @@ def gen_wrapper(entry: OpEntry) -> str:
     return "\n".join(out)
 
 
+_REGISTRATION_PRELUDE = r"""namespace etb {
+namespace {
+
+// One tensor argument of an op: the dtypes this runtime is built with (the selection's,
+// from selected_dtypes.h), the ones ops_yaml lists, and whether the op writes it.
+struct TensorArgSpec {
+  const char* op;
+  const char* arg;
+  DtypeSet selected;
+  DtypeSet supported;
+  bool write;
+};
+
+// Checks one tensor argument: a dtype this runtime is built with, a contiguous dim order,
+// writable when written and, when not at load (inputs get their memory later), data present.
+Error check_tensor_arg(const Tensor& t, const TensorArgSpec& a, bool at_load) {
+  if (!dtype_in(a.selected, t.dtype())) {
+    char names[128];
+    if (dtype_in(a.supported, t.dtype()))
+      return fail(Error::NotSupported,
+                  "%s: argument '%s' has dtype %s, which this runtime was not built with "
+                  "(selected: %s); rebuild the runtime with this program's "
+                  "selected_operators.yaml",
+                  a.op, a.arg, scalar_type_name(t.dtype()),
+                  format_dtype_set(a.selected, names, sizeof(names)));
+    return fail(Error::NotSupported, "%s: argument '%s' has dtype %s; this kernel supports %s",
+                a.op, a.arg, scalar_type_name(t.dtype()),
+                format_dtype_set(a.supported, names, sizeof(names)));
+  }
+  if (!t.is_contiguous())
+    return fail(Error::NotSupported, "%s: argument '%s' has a non-contiguous dim order", a.op,
+                a.arg);
+  if (a.write && t.read_only())
+    return fail(Error::InvalidProgram, "%s: argument '%s' is a constant and cannot be written",
+                a.op, a.arg);
+  if (!at_load && !a.write && t.nbytes() > t.capacity_bytes())
+    return fail(Error::InvalidProgram, "%s: argument '%s' has no memory for its %lld elements",
+                a.op, a.arg, (long long)t.numel());
+  return Error::Ok;
+}
+"""
+
+
 def gen_registration(entries: list[OpEntry]) -> str:
     lines = [
         HEADER,
@@ -415,33 +514,19 @@ def gen_registration(entries: list[OpEntry]) -> str:
         "",
         '#include "core/error.h"',
         '#include "native_functions.h"',
+        '#include "selected_dtypes.h"',
         "",
-        "namespace etb {",
-        "namespace {",
-        "",
-        "// Checks every tensor argument: contiguous, data present, writable when written.",
-        "Error check_tensor_arg(const Tensor& t, const char* op, const char* arg, bool write) {",
-        "  if (!t.is_contiguous())",
-        "    return fail(Error::NotSupported, \"%s: argument '%s' has a non-contiguous "
-        'dim order", op, arg);',
-        "  if (t.nbytes() > t.capacity_bytes() && !write)",
-        "    return fail(Error::InvalidProgram, \"%s: argument '%s' has no memory for its "
-        '%lld elements", op, arg, (long long)t.numel());',
-        "  if (write && t.read_only())",
-        "    return fail(Error::InvalidProgram, \"%s: argument '%s' is a constant and "
-        'cannot be written", op, arg);',
-        "  return Error::Ok;",
-        "}",
-        "",
+        _REGISTRATION_PRELUDE,
     ]
     for e in entries:
         lines.append(gen_wrapper(e))
         lines.append("")
     lines.append("const Kernel kKernels[] = {")
     for e in entries:
-        lines.append(f'    {{"{e.schema.key}", &{_wrapper_name(e.schema)}}},')
+        w = _wrapper_name(e.schema)
+        lines.append(f'    {{"{e.schema.key}", &{w}, &{_check_name(e.schema)}}},')
     if not entries:
-        lines.append('    {"", nullptr},')
+        lines.append('    {"", nullptr, nullptr},')
     lines += [
         "};",
         "",
@@ -455,6 +540,65 @@ def gen_registration(entries: list[OpEntry]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def gen_selected_dtypes(entries: list[OpEntry], selected: list[OpEntry] | None) -> str:
+    """selected_dtypes.h: the compile-time (op, tensor argument) -> dtypes table.
+
+    Every op of ops_yaml is listed (so a kernel's lookup of its own op always compiles); an op
+    the selection leaves out has no dtypes, and without a selection every op has all the
+    dtypes ops_yaml lists."""
+    chosen = None if selected is None else {e.schema.key: e for e in selected}
+    rows = []
+    for e in entries:
+        for a in e.schema.args:
+            if a.name not in e.dtypes:
+                continue
+            if chosen is None:
+                dtypes = e.dtypes[a.name]
+            else:
+                dtypes = chosen[e.schema.key].dtypes[a.name] if e.schema.key in chosen else []
+            rows.append(f'    {{"{e.schema.key}", "{a.name}", {_cpp_dtype_set(dtypes)}}},')
+    if not rows:  # no zero-length arrays
+        rows.append('    {"", "", dtype_set()},')
+    source = "every dtype ops_yaml lists" if selected is None else "selected_operators.yaml"
+    return SELECTED_DTYPES_H.format(
+        selective="false" if selected is None else "true", source=source, rows="\n".join(rows)
+    )
+
+
+SELECTED_DTYPES_H = (
+    HEADER
+    + """#pragma once
+
+#include "kernel/dtype_selection.h"
+
+namespace etb {{
+
+/// True when the runtime is built from a selection (selected_operators.yaml).
+inline constexpr bool kDtypeSelectiveBuild = {selective};
+
+/// Per operator and tensor argument, the dtypes this runtime is built with ({source}).
+/// Operators outside the selection have none.
+inline constexpr DtypeTableEntry kSelectedDtypes[] = {{
+{rows}
+}};
+
+/// The dtypes this runtime is built with for `op`'s tensor argument `arg`. In a constant
+/// expression (`if constexpr`, a constexpr variable, a template argument) an (op, arg) that
+/// ops_yaml does not list fails to compile.
+constexpr DtypeSet selected_dtypes(const char* op, const char* arg) {{
+  return find_dtypes(kSelectedDtypes, op, arg);
+}}
+
+/// True when this runtime is built with `op`'s argument `arg` in `dtype`.
+constexpr bool dtype_selected(const char* op, const char* arg, ScalarType dtype) {{
+  return dtype_in(selected_dtypes(op, arg), dtype);
+}}
+
+}}  // namespace etb
+"""
+)
 
 
 REGISTER_H = (
@@ -488,12 +632,15 @@ def write_if_changed(path: Path, text: str) -> bool:
 def generate(ops_dir: Path, out_dir: Path, selected: Path | None = None) -> list[Path]:
     """Generates the registration sources into ``out_dir``; returns the files written."""
     entries = load_entries(ops_dir)
+    chosen = None
     if selected is not None:
-        entries = apply_selection(entries, yaml.safe_load(selected.read_text()))
+        chosen = apply_selection(entries, yaml.safe_load(selected.read_text()))
+    registered = entries if chosen is None else chosen
     files = {
-        "native_functions.h": gen_declarations(entries),
+        "native_functions.h": gen_declarations(registered),
         "register_kernels.h": REGISTER_H,
-        "register_kernels.cpp": gen_registration(entries),
+        "register_kernels.cpp": gen_registration(registered),
+        "selected_dtypes.h": gen_selected_dtypes(entries, chosen),
     }
     written = []
     for name, text in files.items():

@@ -4,10 +4,25 @@
 #include <cstdio>
 #include <cstring>
 
+// Bare metal (ETB_BARE_METAL) has one thread and no thread pointer: the buffer is a plain
+// static there.
+#if defined(ETB_BARE_METAL)
+#define ETB_THREAD_LOCAL
+#else
+#define ETB_THREAD_LOCAL thread_local
+#endif
+
 namespace etb {
 namespace {
 constexpr size_t kMessageSize = 2048;
-thread_local char g_message[kMessageSize];
+ETB_THREAD_LOCAL char g_message[kMessageSize];
+
+// strnlen is POSIX, not C++17 (newlib declares it only with POSIX extensions).
+size_t bounded_strlen(const char* s, size_t max) {
+  size_t n = 0;
+  while (n < max && s[n] != '\0') ++n;
+  return n;
+}
 }  // namespace
 
 const char* error_name(Error e) {
@@ -41,8 +56,8 @@ void prefix_error_message(const char* fmt, ...) {
   int n = vsnprintf(prefix, sizeof(prefix), fmt, ap);
   va_end(ap);
   if (n <= 0) return;
-  size_t plen = strnlen(prefix, sizeof(prefix) - 1);
-  size_t mlen = strnlen(g_message, kMessageSize - 1);
+  size_t plen = bounded_strlen(prefix, sizeof(prefix) - 1);
+  size_t mlen = bounded_strlen(g_message, kMessageSize - 1);
   if (plen + mlen >= kMessageSize) mlen = kMessageSize - 1 - plen;
   memmove(g_message + plen, g_message, mlen);
   memcpy(g_message, prefix, plen);

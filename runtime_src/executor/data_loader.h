@@ -38,7 +38,9 @@ class BufferDataLoader final : public DataLoader {
   size_t size_;
 };
 
-/// A loader that memory-maps a file read-only (private mapping).
+#if !defined(ETB_BARE_METAL)
+/// A loader that memory-maps a file read-only (private mapping). Not in bare-metal builds
+/// (ETB_BARE_METAL: no file system); use BufferDataLoader over the program in flash there.
 class FileDataLoader final : public DataLoader {
  public:
   /// Opens and maps `path`.
@@ -63,5 +65,6 @@ class FileDataLoader final : public DataLoader {
   const uint8_t* data_;
   size_t size_;
 };
+#endif  // !ETB_BARE_METAL
 
 }  // namespace etb

@@ -37,7 +37,7 @@ Error init_tensor(InitState& st, size_t index, const fb::Tensor* t, EValue* out)
   ScalarType dtype = ScalarType(t->scalar_type());
   if (t->storage_offset() != 0)
     return fail(Error::NotSupported, "value %zu: storage_offset %d is not 0", index,
-                t->storage_offset());
+                int(t->storage_offset()));
   uint8_t dyn = uint8_t(t->shape_dynamism());
   if (dyn > 1)
     return fail(Error::NotSupported, "value %zu: DYNAMIC_UNBOUND tensors are not supported",
@@ -57,7 +57,7 @@ Error init_tensor(InitState& st, size_t index, const fb::Tensor* t, EValue* out)
   uint32_t seen = 0;
   for (size_t d = 0; d < dim; ++d) {
     int32_t s = t->sizes()->Get(uoffset_t(d));
-    if (s < 0) return fail(Error::InvalidProgram, "value %zu: negative size %d", index, s);
+    if (s < 0) return fail(Error::InvalidProgram, "value %zu: negative size %d", index, int(s));
     sizes[d] = s;
     numel *= uint64_t(s);
     if (numel > (uint64_t(1) << 40))
@@ -84,13 +84,14 @@ Error init_tensor(InitState& st, size_t index, const fb::Tensor* t, EValue* out)
     uint32_t id = a->memory_id();
     if (id == 0 || id > st.num_banks)
       return fail(Error::InvalidProgram, "value %zu: memory id %u, method has %zu banks", index,
-                  id, st.num_banks);
+                  unsigned(id), st.num_banks);
     uint64_t offset = (uint64_t(a->memory_offset_high()) << 32) | a->memory_offset_low();
     int64_t planned = st.plan->non_const_buffer_sizes()->Get(id);
     if (offset > uint64_t(planned) || nbytes > uint64_t(planned) - offset)
       return fail(Error::InvalidProgram,
                   "value %zu: %zu bytes at offset %llu exceed bank %u's %lld planned bytes",
-                  index, nbytes, (unsigned long long)offset, id - 1, (long long)planned);
+                  index, nbytes, (unsigned long long)offset, unsigned(id - 1),
+                  (long long)planned);
     uint8_t* base = st.memory->banks[id - 1].data();
     data = base + offset;
     if (nbytes > 0 && (reinterpret_cast<uintptr_t>(data) % esize) != 0)
@@ -166,8 +167,8 @@ Error init_list(InitState& st, size_t index, const fb::EValue* ev, EValue* value
         } else if (optional && values[v].is_none()) {
           ts[i] = nullptr;
         } else {
-          return fail(Error::InvalidProgram, "value %zu: tensor list item %d is a %s", index, v,
-                      tag_name(values[v].tag()));
+          return fail(Error::InvalidProgram, "value %zu: tensor list item %d is a %s", index,
+                      int(v), tag_name(values[v].tag()));
         }
       }
       values[index] = EValue::tensor_list(ts, n, optional);
@@ -190,6 +191,41 @@ Error resolve_args(InitState& st, const flatbuffers::Vector<int32_t>* args, EVal
   }
   out->args = a;
   out->num_args = uint32_t(n);
+  return Error::Ok;
+}
+
+// True when kernel call `in` reads a value that a move instruction writes: that value's type
+// and dtype are only known when the move has run.
+bool reads_moved_value(const Method::Instr* instrs, size_t n, const Method::Instr& in,
+                       const EValue* values) {
+  for (size_t i = 0; i < n; ++i) {
+    if (instrs[i].kind != Method::Kind::Move) continue;
+    for (uint32_t k = 0; k < in.num_args; ++k)
+      if (in.args[k] == &values[instrs[i].b]) return true;
+  }
+  return false;
+}
+
+// Runs each kernel call's generated argument check (value types, dtypes this runtime is built
+// with, tensor layout) once, so that a program needing a kernel path the build left out fails
+// at load. Calls reading a moved value are checked when they run (the boxed kernel runs the
+// same check before every call).
+Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t n,
+                         const char* const* op_names, const EValue* values) {
+  bool has_moves = false;
+  for (size_t i = 0; i < n; ++i) has_moves = has_moves || instrs[i].kind == Method::Kind::Move;
+  for (size_t i = 0; i < n; ++i) {
+    const Method::Instr& in = instrs[i];
+    if (in.kind != Method::Kind::Kernel) continue;
+    if (has_moves && reads_moved_value(instrs, n, in, values)) continue;
+    const Kernel* k = find_kernel_entry(op_names[in.a]);
+    if (k == nullptr || k->check == nullptr) continue;
+    Error e = k->check(Span<EValue*>(in.args, in.num_args), /*at_load=*/true);
+    if (e != Error::Ok) {
+      prefix_error_message("method '%s': instruction %zu: ", method, i);
+      return e;
+    }
+  }
   return Error::Ok;
 }
 
@@ -353,7 +389,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
       const auto* inl = program_->backend_delegate_data();
       if (inl == nullptr || ref->index() >= inl->size() || inl->Get(ref->index())->data() == nullptr)
         return fail(Error::InvalidProgram, "delegate %zu: inline data %u missing", i,
-                    ref->index());
+                    unsigned(ref->index()));
       const auto* data = inl->Get(ref->index())->data();
       blob = Span<const uint8_t>(data->data(), data->size());
     } else if (ref->location() == fb::DataLocation_SEGMENT) {
@@ -396,7 +432,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
             const fb::KernelCall* k = in->instr_args_as_KernelCall();
             if (k->op_index() < 0 || size_t(k->op_index()) >= m.num_ops_)
               return fail(Error::InvalidProgram, "instruction %zu: operator %d out of range", pc,
-                          k->op_index());
+                          int(k->op_index()));
             out.kind = Method::Kind::Kernel;
             out.a = k->op_index();
             ETB_TRY(resolve_args(st, k->args(), values, &out));
@@ -406,7 +442,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
             const fb::DelegateCall* d = in->instr_args_as_DelegateCall();
             if (d->delegate_index() < 0 || size_t(d->delegate_index()) >= num_dels)
               return fail(Error::InvalidProgram, "instruction %zu: delegate %d out of range", pc,
-                          d->delegate_index());
+                          int(d->delegate_index()));
             out.kind = Method::Kind::Delegate;
             out.a = d->delegate_index();
             ETB_TRY(resolve_args(st, d->args(), values, &out));
@@ -426,7 +462,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
             ETB_TRY(check_value_index(st, j->cond_value_index(), "jump condition"));
             if (j->destination_instruction() < 0 || size_t(j->destination_instruction()) > total)
               return fail(Error::InvalidProgram, "instruction %zu: jump to %d out of range", pc,
-                          j->destination_instruction());
+                          int(j->destination_instruction()));
             out.kind = Method::Kind::JumpFalse;
             out.a = j->cond_value_index();
             out.b = j->destination_instruction();
@@ -448,6 +484,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
     }
   }
   m.num_instrs_ = pc;
+  ETB_TRY(check_kernel_calls(name, m.instrs_, pc, m.op_names_, values));
   m.temp_ = memory.temp_allocator;
   return Result<Method>(static_cast<Method&&>(m));
 }
@@ -578,7 +615,7 @@ Error Method::execute() {
         const Delegate& d = delegates_[in.a];
         Error e = d.backend->execute(d.handle, Span<EValue*>(in.args, in.num_args));
         if (e != Error::Ok) {
-          prefix_error_message("instruction %zu (delegate %d): ", pc, in.a);
+          prefix_error_message("instruction %zu (delegate %d): ", pc, int(in.a));
           return e;
         }
         name = "delegate";

@@ -49,7 +49,7 @@ Result<Program> Program::load(const DataLoader* loader) {
     const uint8_t* h = head + kHeaderOffset;
     uint32_t length = read_u32(h + 4);
     if (length < kMinHeaderLength || length > 56)
-      return fail(Error::InvalidProgram, "extended header length %u is invalid", length);
+      return fail(Error::InvalidProgram, "extended header length %u is invalid", unsigned(length));
     uint64_t psize = read_u64(h + 8);
     uint64_t sbase = read_u64(h + 16);
     if (psize < kHeaderOffset + length || psize > file_size)
@@ -177,24 +177,25 @@ Result<const uint8_t*> Program::constant_data(uint32_t index, size_t nbytes,
     ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(cs->segment_index()));
     if (index >= cs->offsets()->size())
       return fail(Error::InvalidProgram, "constant %u: the constant segment has %u entries",
-                  index, cs->offsets()->size());
+                  unsigned(index), unsigned(cs->offsets()->size()));
     uint64_t off = cs->offsets()->Get(index);
     if (off > seg.size() || nbytes > seg.size() - off)
       return fail(Error::InvalidProgram,
-                  "constant %u: %zu bytes at offset %llu exceed the %zu-byte segment", index,
-                  nbytes, (unsigned long long)off, seg.size());
+                  "constant %u: %zu bytes at offset %llu exceed the %zu-byte segment",
+                  unsigned(index), nbytes, (unsigned long long)off, seg.size());
     p = seg.data() + off;
   } else {
     const auto* bufs = program_->constant_buffer();
     if (bufs == nullptr || index >= bufs->size())
-      return fail(Error::InvalidProgram, "constant %u does not exist", index);
+      return fail(Error::InvalidProgram, "constant %u does not exist", unsigned(index));
     const auto* storage = bufs->Get(index)->storage();
     if (storage == nullptr || storage->size() < nbytes)
-      return fail(Error::InvalidProgram, "constant %u is smaller than its tensor", index);
+      return fail(Error::InvalidProgram, "constant %u is smaller than its tensor",
+                  unsigned(index));
     p = storage->data();
   }
   if (nbytes > 0 && !is_aligned(p, align))
-    return fail(Error::InvalidProgram, "constant %u is misaligned", index);
+    return fail(Error::InvalidProgram, "constant %u is misaligned", unsigned(index));
   return p;
 }
 

@@ -1,8 +1,10 @@
 #include "kernel/kernel.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "core/result.h"
+#include "kernel/dtype_selection.h"
 
 namespace etb {
 namespace {
@@ -36,10 +38,30 @@ Error register_kernels(Span<const Kernel> kernels) {
   return Error::Ok;
 }
 
-KernelFn find_kernel(const char* name) {
+const Kernel* find_kernel_entry(const char* name) {
   for (size_t i = 0; i < g_num_kernels; ++i)
-    if (strcmp(g_kernels[i].name, name) == 0) return g_kernels[i].fn;
+    if (strcmp(g_kernels[i].name, name) == 0) return &g_kernels[i];
   return nullptr;
+}
+
+KernelFn find_kernel(const char* name) {
+  const Kernel* k = find_kernel_entry(name);
+  return k != nullptr ? k->fn : nullptr;
+}
+
+const char* format_dtype_set(DtypeSet s, char* buf, size_t size) {
+  if (size == 0) return buf;
+  buf[0] = '\0';
+  size_t len = 0;
+  for (int code = 0; code < 32; ++code) {
+    const ScalarType t = ScalarType(code);
+    if (!dtype_in(s, t) || !is_valid_scalar_type(code)) continue;
+    int w = snprintf(buf + len, size - len, "%s%s", len ? ", " : "", scalar_type_name(t));
+    if (w < 0) break;
+    len = len + size_t(w) < size ? len + size_t(w) : size - 1;
+  }
+  if (len == 0) snprintf(buf, size, "none");
+  return buf;
 }
 
 Span<const Kernel> registered_kernels() { return Span<const Kernel>(g_kernels, g_num_kernels); }

@@ -26,10 +26,17 @@ class KernelContext {
 /// A boxed kernel: arguments as the program lists them (schema args, then the return).
 using KernelFn = Error (*)(KernelContext& ctx, Span<EValue*> args);
 
-/// One registered kernel: "aten::add.out" and its boxed entry point.
+/// Checks a kernel call's arguments (count, types, dtypes the runtime is built with, tensor
+/// layout) without running it. Method load calls it once per instruction with `at_load` set
+/// (tensor memory is not checked then: inputs get theirs from set_input); the boxed kernel
+/// runs the same check with `at_load` clear before every call.
+using KernelCheckFn = Error (*)(Span<EValue*> args, bool at_load);
+
+/// One registered kernel: "aten::add.out", its boxed entry point and its argument check.
 struct Kernel {
   const char* name;
   KernelFn fn;
+  KernelCheckFn check = nullptr;  // nullptr: nothing is checked at load
 };
 
 /// Adds kernels to the process-wide registry (a fixed-size table, no heap).
@@ -38,6 +45,9 @@ Error register_kernels(Span<const Kernel> kernels);
 
 /// The kernel registered as `name` ("aten::add.out"), or nullptr.
 KernelFn find_kernel(const char* name);
+
+/// The registry entry of `name` (entry point and argument check), or nullptr.
+const Kernel* find_kernel_entry(const char* name);
 
 /// Every registered kernel.
 Span<const Kernel> registered_kernels();

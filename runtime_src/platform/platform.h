@@ -1,5 +1,7 @@
 // Platform hooks: logging, a monotonic clock and abort. Each is a weak symbol that a
-// target may override by defining a function with the same signature.
+// target may override by defining a function with the same signature. platform.cpp serves
+// hosted systems (stderr, ETB_LOG, clock_gettime); platform_bare_metal.cpp serves bare metal
+// (ETB_BARE_METAL: no log, clock 0, abort spins), for a firmware to override.
 #pragma once
 
 #include <cstdint>

@@ -29,20 +29,25 @@ def test_parse_schema():
 def test_deterministic_and_write_if_changed(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     written = generate(OPS_YAML_DIR, a)
-    assert {p.name for p in written} == {
+    names = (
         "native_functions.h",
         "register_kernels.h",
         "register_kernels.cpp",
-    }
+        "selected_dtypes.h",
+    )
+    assert {p.name for p in written} == set(names)
     generate(OPS_YAML_DIR, b)
-    for name in ("native_functions.h", "register_kernels.h", "register_kernels.cpp"):
+    for name in names:
         assert (a / name).read_text() == (b / name).read_text()
     mtimes = {p.name: p.stat().st_mtime_ns for p in a.iterdir()}
     assert generate(OPS_YAML_DIR, a) == []  # nothing changed, nothing written
     assert {p.name: p.stat().st_mtime_ns for p in a.iterdir()} == mtimes
     cpp = (a / "register_kernels.cpp").read_text()
     assert "Error register_all_kernels()" in cpp
-    assert '{"aten::convolution.out", &wrap_aten__convolution_out}' in cpp
+    assert (
+        '{"aten::convolution.out", &wrap_aten__convolution_out, '
+        "&wrap_aten__convolution_out_check}" in cpp
+    )
     # No static initializers: registration happens only in register_all_kernels().
     assert "__attribute__((constructor))" not in cpp and "static bool" not in cpp
 

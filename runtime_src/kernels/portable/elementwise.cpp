@@ -56,8 +56,9 @@ void binary_same(const Broadcast2& p, const T* a, const T* b, T* out, T alpha) {
   });
 }
 
-// Mixed dtypes: load each element converted to the compute type C.
-template <typename C>
+// Mixed dtypes: load each element converted to the compute type C. kA, kB and kOut are the
+// dtypes the loads and stores are compiled for.
+template <typename C, DtypeSet kA, DtypeSet kB, DtypeSet kOut>
 void binary_mixed(BinOp op, const Broadcast2& p, const Tensor& a, const Tensor& b, Tensor& out,
                   C alpha) {
   const void* ad = a.data();
@@ -66,16 +67,52 @@ void binary_mixed(BinOp op, const Broadcast2& p, const Tensor& a, const Tensor& 
   ScalarType at = a.dtype(), bt = b.dtype(), ot = out.dtype();
   for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
-      C x = load_as<C>(ad, at, oa + i * sa);
-      C y = load_as<C>(bd, bt, ob + i * sb);
-      store_as<C>(od, ot, oo + i, apply<C>(op, x, y, alpha));
+      C x = load_as<C, kA>(ad, at, oa + i * sa);
+      C y = load_as<C, kB>(bd, bt, ob + i * sb);
+      store_as<C, kOut>(od, ot, oo + i, apply<C>(op, x, y, alpha));
     }
   });
+}
+
+// The operator each binary kernel implements, whose dtype selection it compiles for.
+constexpr const char* op_key(BinOp op) {
+  switch (op) {
+    case BinOp::Add: return "aten::add.out";
+    case BinOp::Sub: return "aten::sub.out";
+    case BinOp::Mul: return "aten::mul.out";
+    case BinOp::Div: return "aten::div.out";
+  }
+  return "";
+}
+
+// The dtypes with a same-dtype fast path.
+constexpr DtypeSet kFastDtypes = dtype_set(ScalarType::Float, ScalarType::Long, ScalarType::Int);
+
+// True when a call with dtypes from kA, kB, kOut can miss the same-dtype fast paths (kSame):
+// then the mixed path is needed.
+constexpr bool needs_mixed(DtypeSet kA, DtypeSet kB, DtypeSet kOut, DtypeSet kSame) {
+  if (dtype_set_empty(kA) || dtype_set_empty(kB) || dtype_set_empty(kOut)) return false;
+  const bool one_dtype = kA == kB && kB == kOut && (uint32_t(kA) & (uint32_t(kA) - 1)) == 0;
+  return !(one_dtype && (kA & kSame) == kA);
+}
+
+// `s` as the compute type T.
+template <typename T>
+T scalar_as(const Scalar& s) {
+  if constexpr (std::is_floating_point<T>::value)
+    return T(s.to_double());
+  else
+    return T(s.to_int());
 }
 
 template <BinOp OP>
 Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& alpha,
              Tensor& out) {
+  // The dtypes this build selected per argument: only their paths are compiled.
+  constexpr DtypeSet kA = selected_dtypes(op_key(OP), "self") & kLoadableDtypes;
+  constexpr DtypeSet kB = selected_dtypes(op_key(OP), "other") & kLoadableDtypes;
+  constexpr DtypeSet kOut = selected_dtypes(op_key(OP), "out") & kLoadableDtypes;
+  constexpr DtypeSet kSame = kA & kB & kOut & kFastDtypes;
   int64_t sizes[kMaxDim];
   int dim = 0;
   ETB_TRY(broadcast_shape(a, b, sizes, &dim, name));
@@ -90,26 +127,38 @@ Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& a
     return fail(Error::InvalidArgument, "%s: a float alpha needs a floating output", name);
   Broadcast2 p;
   make_broadcast2(a, b, out.sizes(), &p);
-  const bool same = a.dtype() == out.dtype() && b.dtype() == out.dtype();
-  if (out.dtype() == ScalarType::Float && same) {
-    binary_same<float, OP>(p, a.data_as<float>(), b.data_as<float>(), out.data_as<float>(),
-                           float(alpha.to_double()));
-  } else if (out.dtype() == ScalarType::Long && same) {
-    binary_same<int64_t, OP>(p, a.data_as<int64_t>(), b.data_as<int64_t>(),
-                             out.data_as<int64_t>(), alpha.to_int());
-  } else if (out.dtype() == ScalarType::Int && same) {
-    binary_same<int32_t, OP>(p, a.data_as<int32_t>(), b.data_as<int32_t>(),
-                             out.data_as<int32_t>(), int32_t(alpha.to_int()));
-  } else if (out_float) {
-    binary_mixed<double>(OP, p, a, b, out, alpha.to_double());
-  } else if (out.dtype() == ScalarType::Bool) {
-    if (OP != BinOp::Mul)
-      return fail(Error::NotSupported, "%s: Bool output is only supported for mul", name);
-    binary_mixed<int64_t>(OP, p, a, b, out, 1);
-  } else {
-    binary_mixed<int64_t>(OP, p, a, b, out, alpha.to_int());
+  if (a.dtype() == out.dtype() && b.dtype() == out.dtype()) {
+    const bool done = dispatch_dtype<kSame>(out.dtype(), [&](auto c) {
+      using T = decltype(c);
+      binary_same<T, OP>(p, a.data_as<T>(), b.data_as<T>(), out.data_as<T>(), scalar_as<T>(alpha));
+    });
+    if (done) return Error::Ok;
   }
-  return Error::Ok;
+  if (out_float) {
+    constexpr DtypeSet kFloatOut = kOut & kFloatingDtypes;
+    if constexpr (needs_mixed(kA, kB, kFloatOut, kSame)) {
+      binary_mixed<double, kA, kB, kFloatOut>(OP, p, a, b, out, alpha.to_double());
+      return Error::Ok;
+    }
+  } else {
+    // Integer and Bool outputs take integer inputs only (checked above).
+    constexpr DtypeSet kIntA = kA & ~kFloatingDtypes, kIntB = kB & ~kFloatingDtypes;
+    constexpr DtypeSet kIntOut = kOut & ~kFloatingDtypes;
+    if constexpr (needs_mixed(kIntA, kIntB, kIntOut, kSame)) {
+      if (out.dtype() == ScalarType::Bool) {
+        if (OP != BinOp::Mul)
+          return fail(Error::NotSupported, "%s: Bool output is only supported for mul", name);
+        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(OP, p, a, b, out, 1);
+      } else {
+        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(OP, p, a, b, out, alpha.to_int());
+      }
+      return Error::Ok;
+    }
+  }
+  // Unreachable through the generated argument check, which refuses unselected dtypes.
+  if (!dtype_in(kA, a.dtype())) return dtype_not_built(op_key(OP), "self", a.dtype());
+  if (!dtype_in(kB, b.dtype())) return dtype_not_built(op_key(OP), "other", b.dtype());
+  return dtype_not_built(op_key(OP), "out", out.dtype());
 }
 
 // Unary float kernels: out = f(self), elementwise, out may alias self.

@@ -293,38 +293,43 @@ Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
   if (OH <= 0 || OW <= 0) return fail(Error::InvalidArgument, "max_pool2d: output would be empty");
   ETB_TRY(resize_pooled(self, out, OH, OW));
   ETB_TRY(resize_pooled(self, indices, OH, OW));
-  const bool long_idx = indices.dtype() == ScalarType::Long;
+  // Indices of the integer dtypes this build selected.
+  constexpr DtypeSet kIndices = selected_dtypes("aten::max_pool2d_with_indices.out", "indices") &
+                                dtype_set(ScalarType::Long, ScalarType::Int);
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * H * W;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        float m = -INFINITY;
-        int64_t mi = -1;
-        for (int64_t kh = 0; kh < q.kh; ++kh) {
-          const int64_t h = oh * q.sh - q.ph + kh * q.dh;
-          if (h < 0 || h >= H) continue;
-          for (int64_t kw = 0; kw < q.kw; ++kw) {
-            const int64_t w = ow * q.sw - q.pw + kw * q.dw;
-            if (w < 0 || w >= W) continue;
-            const float v = xp[h * W + w];
-            if (v > m || std::isnan(v) || mi < 0) {
-              m = v;
-              mi = h * W + w;
-              if (std::isnan(v)) break;
+  const bool built = dispatch_dtype<kIndices>(indices.dtype(), [&](auto c) {
+    using I = decltype(c);
+    I* idx = indices.data_as<I>();
+    for (int64_t p = 0; p < planes; ++p) {
+      const float* xp = x + p * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          float m = -INFINITY;
+          int64_t mi = -1;
+          for (int64_t kh = 0; kh < q.kh; ++kh) {
+            const int64_t h = oh * q.sh - q.ph + kh * q.dh;
+            if (h < 0 || h >= H) continue;
+            for (int64_t kw = 0; kw < q.kw; ++kw) {
+              const int64_t w = ow * q.sw - q.pw + kw * q.dw;
+              if (w < 0 || w >= W) continue;
+              const float v = xp[h * W + w];
+              if (v > m || std::isnan(v) || mi < 0) {
+                m = v;
+                mi = h * W + w;
+                if (std::isnan(v)) break;
+              }
             }
           }
+          const int64_t o = (p * OH + oh) * OW + ow;
+          y[o] = m;
+          idx[o] = I(mi);
         }
-        const int64_t o = (p * OH + oh) * OW + ow;
-        y[o] = m;
-        if (long_idx)
-          indices.data_as<int64_t>()[o] = mi;
-        else
-          indices.data_as<int32_t>()[o] = int32_t(mi);
       }
     }
-  }
+  });
+  if (!built)
+    return dtype_not_built("aten::max_pool2d_with_indices.out", "indices", indices.dtype());
   return Error::Ok;
 }
 

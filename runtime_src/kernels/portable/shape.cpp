@@ -258,15 +258,25 @@ Error embedding_out(KernelContext&, const Tensor& weight, const Tensor& indices,
   const size_t row_bytes = size_t(D) * weight.element_size();
   const uint8_t* w = static_cast<const uint8_t*>(weight.data());
   uint8_t* o = static_cast<uint8_t*>(out.data());
-  const bool is_long = indices.dtype() == ScalarType::Long;
-  for (int64_t i = 0; i < indices.numel(); ++i) {
-    const int64_t ix = is_long ? indices.data_as<int64_t>()[i] : indices.data_as<int32_t>()[i];
-    if (ix < 0 || ix >= rows)
-      return fail(Error::InvalidArgument, "embedding: index %lld out of range [0, %lld)",
-                  (long long)ix, (long long)rows);
-    memcpy(o + size_t(i) * row_bytes, w + size_t(ix) * row_bytes, row_bytes);
-  }
-  return Error::Ok;
+  // Indices of the integer dtypes this build selected.
+  constexpr DtypeSet kIndices = selected_dtypes("aten::embedding.out", "indices") &
+                                dtype_set(ScalarType::Long, ScalarType::Int);
+  Error err = Error::Ok;
+  const bool built = dispatch_dtype<kIndices>(indices.dtype(), [&](auto c) {
+    using I = decltype(c);
+    const I* idx = indices.data_as<I>();
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      const int64_t ix = idx[i];
+      if (ix < 0 || ix >= rows) {
+        err = fail(Error::InvalidArgument, "embedding: index %lld out of range [0, %lld)",
+                   (long long)ix, (long long)rows);
+        return;
+      }
+      memcpy(o + size_t(i) * row_bytes, w + size_t(ix) * row_bytes, row_bytes);
+    }
+  });
+  if (!built) return dtype_not_built("aten::embedding.out", "indices", indices.dtype());
+  return err;
 }
 
 }  // namespace native

@@ -3,6 +3,13 @@
 namespace etb {
 namespace native {
 
+Error dtype_not_built(const char* op, const char* arg, ScalarType dtype) {
+  return fail(Error::NotSupported,
+              "%s: argument '%s' has dtype %s, which this runtime was not built with; rebuild "
+              "the runtime with this program's selected_operators.yaml",
+              op, arg, scalar_type_name(dtype));
+}
+
 Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim,
                       const char* op) {
   int n = a.dim() > b.dim() ? a.dim() : b.dim();

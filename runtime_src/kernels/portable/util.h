@@ -3,12 +3,15 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/result.h"
 #include "core/scalar.h"
 #include "core/span.h"
 #include "core/tensor.h"
+#include "kernel/dtype_selection.h"
+#include "selected_dtypes.h"
 
 namespace etb {
 namespace native {
@@ -45,48 +48,87 @@ inline Error expect_dim(const Tensor& t, int dim, const char* op, const char* ar
   return Error::Ok;
 }
 
-/// Reads element i of a Float/Int/Long/Bool/... tensor as T.
-template <typename T>
-inline T load_as(const void* data, ScalarType dtype, int64_t i) {
+// ---- dtype dispatch ------------------------------------------------------------------------
+// A kernel branches on a tensor's dtype through dispatch_dtype<kDtypes>, with kDtypes the
+// dtypes this build selected for that argument (selected_dtypes(op, arg), generated from the
+// selection): the paths of the other dtypes are discarded at compile time, and the
+// generated argument check refuses those dtypes (at Method load) before the kernel runs.
+
+/// The dtypes the portable kernels can load and store (dispatch_dtype's C++ types).
+inline constexpr DtypeSet kLoadableDtypes =
+    dtype_set(ScalarType::Float, ScalarType::Double, ScalarType::Long, ScalarType::Int,
+              ScalarType::Short, ScalarType::Char, ScalarType::Byte, ScalarType::Bool);
+
+/// The floating dtypes.
+inline constexpr DtypeSet kFloatingDtypes =
+    dtype_set(ScalarType::Half, ScalarType::Float, ScalarType::Double, ScalarType::BFloat16);
+
+namespace internal {
+/// Calls f(C{}) and returns true when kType is in kDtypes; else compiles to `return false`.
+template <DtypeSet kDtypes, ScalarType kType, typename C, typename F>
+inline bool call_if_selected(F& f) {
+  if constexpr (dtype_in(kDtypes, kType)) {
+    f(C{});
+    return true;
+  } else {
+    (void)f;
+    return false;
+  }
+}
+}  // namespace internal
+
+/// Calls `f(C{})`, with C the element type of `dtype` (float, double, int64_t, int32_t,
+/// int16_t, int8_t, uint8_t; bool for Bool, whose elements are bytes), and returns true when
+/// `dtype` is in kDtypes; returns false otherwise. Only the dtypes of kDtypes are compiled.
+template <DtypeSet kDtypes, typename F>
+inline bool dispatch_dtype(ScalarType dtype, F&& f) {
+  using internal::call_if_selected;
   switch (dtype) {
-    case ScalarType::Float: return T(static_cast<const float*>(data)[i]);
-    case ScalarType::Double: return T(static_cast<const double*>(data)[i]);
-    case ScalarType::Long: return T(static_cast<const int64_t*>(data)[i]);
-    case ScalarType::Int: return T(static_cast<const int32_t*>(data)[i]);
-    case ScalarType::Short: return T(static_cast<const int16_t*>(data)[i]);
-    case ScalarType::Char: return T(static_cast<const int8_t*>(data)[i]);
-    case ScalarType::Byte: return T(static_cast<const uint8_t*>(data)[i]);
-    case ScalarType::Bool: return T(static_cast<const uint8_t*>(data)[i] != 0);
-    default: return T(0);
+    case ScalarType::Float: return call_if_selected<kDtypes, ScalarType::Float, float>(f);
+    case ScalarType::Double: return call_if_selected<kDtypes, ScalarType::Double, double>(f);
+    case ScalarType::Long: return call_if_selected<kDtypes, ScalarType::Long, int64_t>(f);
+    case ScalarType::Int: return call_if_selected<kDtypes, ScalarType::Int, int32_t>(f);
+    case ScalarType::Short: return call_if_selected<kDtypes, ScalarType::Short, int16_t>(f);
+    case ScalarType::Char: return call_if_selected<kDtypes, ScalarType::Char, int8_t>(f);
+    case ScalarType::Byte: return call_if_selected<kDtypes, ScalarType::Byte, uint8_t>(f);
+    case ScalarType::Bool: return call_if_selected<kDtypes, ScalarType::Bool, bool>(f);
+    default: return false;
   }
 }
 
-/// Writes v (as T) to element i of a tensor of `dtype`.
-template <typename T>
+/// The error of a kernel reached with a dtype that this build left out (the generated
+/// argument checks refuse it first, so this is a last line of defence).
+Error dtype_not_built(const char* op, const char* arg, ScalarType dtype);
+
+/// Reads element i of a tensor of `dtype` (one of kDtypes; else 0) as T.
+template <typename T, DtypeSet kDtypes = kLoadableDtypes>
+inline T load_as(const void* data, ScalarType dtype, int64_t i) {
+  T v = T(0);
+  dispatch_dtype<kDtypes & kLoadableDtypes>(dtype, [&](auto c) {
+    using C = decltype(c);
+    if constexpr (std::is_same<C, bool>::value)
+      v = T(static_cast<const uint8_t*>(data)[i] != 0);
+    else
+      v = T(static_cast<const C*>(data)[i]);
+  });
+  return v;
+}
+
+/// Writes v (as T) to element i of a tensor of `dtype` (one of kDtypes; else nothing).
+template <typename T, DtypeSet kDtypes = kLoadableDtypes>
 inline void store_as(void* data, ScalarType dtype, int64_t i, T v) {
-  switch (dtype) {
-    case ScalarType::Float: static_cast<float*>(data)[i] = float(v); break;
-    case ScalarType::Double: static_cast<double*>(data)[i] = double(v); break;
-    case ScalarType::Long: static_cast<int64_t*>(data)[i] = int64_t(v); break;
-    case ScalarType::Int: static_cast<int32_t*>(data)[i] = int32_t(v); break;
-    case ScalarType::Short: static_cast<int16_t*>(data)[i] = int16_t(v); break;
-    case ScalarType::Char: static_cast<int8_t*>(data)[i] = int8_t(v); break;
-    case ScalarType::Byte: static_cast<uint8_t*>(data)[i] = uint8_t(v); break;
-    case ScalarType::Bool: static_cast<uint8_t*>(data)[i] = v != T(0); break;
-    default: break;
-  }
+  dispatch_dtype<kDtypes & kLoadableDtypes>(dtype, [&](auto c) {
+    using C = decltype(c);
+    if constexpr (std::is_same<C, bool>::value)
+      static_cast<uint8_t*>(data)[i] = v != T(0);
+    else
+      static_cast<C*>(data)[i] = C(v);
+  });
 }
 
 /// True when the dtype is one the portable kernels can load and store.
 inline bool is_loadable(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: case ScalarType::Double: case ScalarType::Long:
-    case ScalarType::Int: case ScalarType::Short: case ScalarType::Char:
-    case ScalarType::Byte: case ScalarType::Bool:
-      return true;
-    default:
-      return false;
-  }
+  return dtype_in(kLoadableDtypes, t);
 }
 
 /// Broadcast iteration plan for out = f(a, b): collapsed sizes and element strides.
