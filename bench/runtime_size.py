@@ -2,7 +2,7 @@
 runtime, both measured in one build of the `build` stage for the same target and flags.
 
 Runs the pipeline through the `build` stage for each model (into a temporary run directory;
-the build cache is the usual one, `$ETBUILD_CACHE_DIR` or `~/.cache/etbuild/builds`) and prints
+the build cache is the usual one, `$ETBUILD_CACHE_DIR` or `~/.cache/etbuild`) and prints
 the sizes and the ratio tailored / all-ops. ExecuTorch publishes 467 KB for its dtype-selective
 MobileNetV2 runtime; that figure is printed for reference.
 

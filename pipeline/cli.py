@@ -24,19 +24,28 @@ def check_supported(cfg: DictConfig) -> None:
             f"partitioner.name={cfg.partitioner.name!r}: no delegate partitioners exist in "
             "this version; leave partitioner out"
         )
-    # The target's toolchain (compilers, NDK, qemu) must exist before any expensive stage.
+    # The target's toolchain (compilers, NDK, qemu) must exist before any expensive stage, and
+    # the programs and pinned kernels the selection names must be readable.
     resolve_toolchain(cfg.target, need_run=cfg.pipeline.verify.enabled)
+    if cfg.selection.programs or cfg.selection.operators:
+        from .stages.select import configured
+
+        configured(cfg.selection)
 
 
 def build(cfg: DictConfig, run_dir: Path) -> None:
     """Run the pipeline for a composed config into ``run_dir``."""
     from .runner import run_stages
+    from .stage_cache import StageCache, cache_root, stage_cache_key
     from .stages import STAGES
 
     cfg = validate(cfg)
     check_supported(cfg)
     stop = cfg.pipeline.stop_after
-    run_stages(STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None)
+    cache = StageCache(cache_root(cfg), stage_cache_key(cfg)) if cfg.pipeline.cache else None
+    run_stages(
+        STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, cache=cache
+    )
 
 
 def main() -> None:

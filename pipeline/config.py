@@ -168,6 +168,14 @@ class TargetKind(Enum):
     cortex_m = "cortex_m"
 
 
+class FloatAbi(Enum):
+    """cortex_m: ``-mfloat-abi`` (``hard``: float arguments in FPU registers)."""
+
+    soft = "soft"
+    softfp = "softfp"
+    hard = "hard"
+
+
 @dataclass
 class TargetConfig:
     """The device toolchain. Absent means the build machine itself.
@@ -176,7 +184,8 @@ class TargetConfig:
     ``aarch64-linux-gnu-g++``, ``-strip``, ``-nm``); ``toolchain_file`` is a CMake toolchain
     file used instead. android: ``ndk`` (else ``ANDROID_NDK_HOME``, else ``ANDROID_NDK_ROOT``),
     ``abi`` and ``api_level``. ``qemu`` runs a linux_aarch64 runner here with
-    ``qemu-aarch64 -L <qemu_sysroot>``.
+    ``qemu-aarch64 -L <qemu_sysroot>``. cortex_m (bare metal, ``arm-none-eabi-``): ``cpu``
+    (``-mcpu``), ``fpu`` (``-mfpu``; null for none) and ``float_abi`` (``-mfloat-abi``).
     """
 
     name: str = "host"
@@ -188,6 +197,9 @@ class TargetConfig:
     api_level: int = 28
     qemu: str = "qemu-aarch64"
     qemu_sysroot: str = "/usr/aarch64-linux-gnu"
+    cpu: str = "cortex-m4"
+    fpu: str | None = "fpv4-sp-d16"
+    float_abi: FloatAbi = FloatAbi.hard
 
 
 class Planner(Enum):
@@ -222,9 +234,9 @@ class StageName(Enum):
     out_variant = "out_variant"
     plan = "plan"
     emit = "emit"
+    reference = "reference"
     select = "select"
     build = "build"
-    reference = "reference"
     verify = "verify"
     report = "report"
 
@@ -250,9 +262,16 @@ class VerifyConfig:
 
 @dataclass
 class PipelineConfig:
-    """How the stage runner runs. ``stop_after`` runs a prefix of the stages."""
+    """How the stage runner runs. ``stop_after`` runs a prefix of the stages.
+
+    ``cache``: reuse the results of the stages up to ``reference`` (model.pte, the memory plan,
+    the eager reference) from an earlier run whose inputs were identical: the config they read,
+    the etbuild sources, the model's source file, checkpoint and calibration files, and the
+    versions of python, torch and torchao. Stored under ``build.cache_dir``.
+    """
 
     stop_after: StageName | None = None
+    cache: bool = True
     emit: EmitConfig = field(default_factory=EmitConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
 
@@ -262,15 +281,34 @@ class BuildConfig:
     """The runtime build (CMake + Ninja, the target's toolchain, only the selected kernels).
 
     Builds are cached under ``cache_dir`` (default ``$ETBUILD_CACHE_DIR``, else
-    ``~/.cache/etbuild/builds``), keyed by the sources, the selection, the toolchain and the
-    flags. ``size_budget_kb`` fails the build when the tailored runtime (core + kernels +
-    registration) is larger. ``compare_all_ops`` also links an all-ops runner for the size
-    report's comparison.
+    ``~/.cache/etbuild``; runtime builds in ``builds/``, stage results in ``stages/``), keyed by
+    the sources, the selection, the toolchain and the flags. ``size_budget_kb`` fails the build
+    when the tailored runtime (core + kernels + registration) is larger. ``compare_all_ops``
+    also links an all-ops runner for the size report's comparison. ``wheel``: for the host
+    target, the build also makes ``runtime/wheel/etbuild_runtime-*.whl``, the Python module
+    with only the selected kernels (``import etbuild_runtime``); other targets have no wheel.
     """
 
     cache_dir: str | None = None
     size_budget_kb: float | None = None
     compare_all_ops: bool = True
+    wheel: bool = True
+
+
+@dataclass
+class SelectionConfig:
+    """Which kernels the runtime is built with; by default exactly what this program uses.
+
+    ``programs``: more program files (.pte from any ExecuTorch-format producer, or the
+    selected_operators.yaml of other builds) whose operators and dtypes join the selection,
+    for an app that ships several models on one runtime. ``operators``: a hand-written,
+    pinned kernel set (op key -> null for every dtype ops_yaml lists, or ``{dtypes: {argument:
+    [dtype names]}}``; empty: no pin); the runtime gets exactly it, and the build fails when
+    a program needs a kernel or dtype outside it.
+    """
+
+    programs: list[str] = field(default_factory=list)
+    operators: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -282,6 +320,7 @@ class EtbuildConfig:
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 

@@ -10,6 +10,7 @@ content hashes of the files it read and wrote.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import EtbuildError
+from .stage_cache import CachedPrefix, StageCache
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -66,6 +68,15 @@ class StageRecord:
     writes: dict[str, str] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "seconds": round(self.seconds, 4),
+            "reads": self.reads,
+            "writes": self.writes,
+            "summary": self.summary,
+        }
+
 
 @dataclass
 class Context:
@@ -107,8 +118,14 @@ StageFn = Callable[[Context], None]
 
 @dataclass(frozen=True)
 class Stage:
+    """A named stage. ``cacheable`` stages form a prefix whose results the stage cache keeps;
+    ``passes_on`` names the in-memory artifacts that stages after that prefix read (they
+    must be JSON data so the cache can keep them)."""
+
     name: str
     fn: StageFn
+    cacheable: bool = False
+    passes_on: tuple[str, ...] = ()
 
 
 def _progress_line(index: int, total: int, rec: StageRecord) -> str:
@@ -128,16 +145,39 @@ def tool_versions() -> dict[str, str]:
     }
 
 
+def _restore(ctx: Context, hit: CachedPrefix, log: Callable[[str], None], total: int) -> None:
+    """Put a cached prefix's files, artifacts and records in place of running its stages."""
+    for name, path in hit.files.items():
+        write_atomic(ctx.run_dir / name, path.read_bytes())
+    ctx.artifacts.update(hit.artifacts)
+    for i, d in enumerate(hit.records, 1):
+        rec = StageRecord(d["name"], 0.0, d["reads"], d["writes"], {**d["summary"], "cache": "hit"})
+        ctx.records.append(rec)
+        log(_progress_line(i, total, rec))
+
+
+def _store(ctx: Context, cache: StageCache, prefix: list[Stage], log: Callable[[str], None]):
+    records = [r.as_dict() for r in ctx.records[: len(prefix)]]
+    artifacts = {k: ctx.artifacts[k] for s in prefix for k in s.passes_on}
+    try:
+        cache.store(ctx.run_dir, records, artifacts)
+    except OSError as exc:  # a full or read-only cache costs the next run time, not this one
+        log(f"etbuild: warning: could not store the stage cache entry {cache.entry}: {exc}")
+
+
 def run_stages(
     stages: list[Stage],
     cfg: DictConfig,
     run_dir: Path,
     stop_after: str | None = None,
     log: Callable[[str], None] = print,
+    cache: StageCache | None = None,
 ) -> Context:
     """Run ``stages`` in order (through ``stop_after``), then write manifest.json.
 
-    The manifest is written whether the run succeeds or fails; a failure re-raises.
+    With a ``cache``, the leading cacheable stages are restored from it when it holds them,
+    and stored into it when they ran (only when the run includes all of them). The manifest is
+    written whether the run succeeds or fails; a failure re-raises.
     """
     names = [s.name for s in stages]
     if stop_after is not None and stop_after not in names:
@@ -149,7 +189,15 @@ def run_stages(
     ctx = Context(cfg=cfg, run_dir=run_dir)
     error: BaseException | None = None
     started = time.perf_counter()
-    for i, stage in enumerate(selected, 1):
+    prefix = list(itertools.takewhile(lambda s: s.cacheable, stages))
+    if not prefix or len(selected) < len(prefix):
+        cache = None
+    hit = cache.load() if cache is not None else None
+    skip = 0
+    if hit is not None:
+        _restore(ctx, hit, log, len(selected))
+        skip = len(prefix)
+    for i, stage in enumerate(selected[skip:], skip + 1):
         rec = StageRecord(stage.name)
         ctx.records.append(rec)
         t0 = time.perf_counter()
@@ -163,24 +211,18 @@ def run_stages(
             break
         rec.seconds = time.perf_counter() - t0
         log(_progress_line(i, len(selected), rec))
+        if cache is not None and hit is None and i == len(prefix):
+            _store(ctx, cache, prefix, log)
     manifest = {
         "status": "failed" if error else "ok",
         "error": str(error) if error else None,
         "run_dir": str(run_dir),
         "total_seconds": round(time.perf_counter() - started, 4),
         "tools": tool_versions(),
+        "stage_cache": None if cache is None else {"key": cache.key, "hit": hit is not None},
         "argv": sys.argv[1:],
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        "stages": [
-            {
-                "name": r.name,
-                "seconds": round(r.seconds, 4),
-                "reads": r.reads,
-                "writes": r.writes,
-                "summary": r.summary,
-            }
-            for r in ctx.records
-        ],
+        "stages": [r.as_dict() for r in ctx.records],
     }
     write_atomic(run_dir / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     if error is not None:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .config import TargetKind
+from .config import FloatAbi, TargetKind
 from .errors import EtbuildError
+from .paths import RUNTIME_SRC_DIR
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Toolchain:
     not_runnable_reason: str = ""
     # What identifies the compiler for the build cache (its path and --version output).
     identity: list[str] = field(default_factory=list)
+    # Bare metal: the GNU size tool that reports a firmware image's flash and RAM.
+    size: str = ""
 
     @property
     def runnable(self) -> bool:
@@ -186,6 +189,87 @@ def _android(tcfg: DictConfig) -> Toolchain:
     )
 
 
+CORTEX_M_APT = "gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib"
+
+
+def cortex_m_flags(tcfg: DictConfig) -> list[str]:
+    """The compiler flags that select the Cortex-M core, its FPU and the float ABI."""
+    flags = [f"-mcpu={tcfg.cpu}", "-mthumb", f"-mfloat-abi={FloatAbi(tcfg.float_abi).value}"]
+    if tcfg.fpu:
+        flags.append(f"-mfpu={tcfg.fpu}")
+    return flags
+
+
+def _cortex_m(tcfg: DictConfig) -> Toolchain:
+    prefix = tcfg.compiler_prefix or "arm-none-eabi-"
+    install = f"install the toolchain with `apt-get install {CORTEX_M_APT}` (Debian/Ubuntu)"
+    found = {}
+    for tool in ("gcc", "g++", "ar", "ranlib", "strip", "nm", "size"):
+        path = shutil.which(f"{prefix}{tool}")
+        if path is None:
+            raise EtbuildError(
+                f"target cortex_m needs the Arm bare-metal toolchain, and {prefix}{tool} is not "
+                f"on PATH (target.compiler_prefix={prefix}); {install}"
+            )
+        found[tool] = path
+    gcc, gxx = found["gcc"], found["g++"]
+    flags = cortex_m_flags(tcfg)
+    # The core, FPU and float ABI must be ones this compiler knows and has a C library for.
+    probe = subprocess.run(
+        [gxx, *flags, "-std=c++17", "-fsyntax-only", "-x", "c++", "-"],
+        input="#include <cstdio>\n#include <cstring>\n#include <new>\nint main() { return 0; }\n",
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        err = probe.stderr.strip().splitlines()
+        first = next((line for line in err if "error" in line), err[0] if err else "")
+        if "No such file" in first:  # a missing <cstdio> (libstdc++) or <stdio.h> (newlib)
+            hint = f"the C or C++ library headers are missing; {install}"
+        else:
+            hint = (
+                f"check target.cpu={tcfg.cpu}, target.fpu={tcfg.fpu} and "
+                f"target.float_abi={FloatAbi(tcfg.float_abi).value}"
+            )
+        raise EtbuildError(f"{gxx} cannot compile for {' '.join(flags)}: {first}; {hint}")
+    for lib, package in (
+        ("libc_nano.a", "libnewlib-arm-none-eabi"),
+        ("libstdc++_nano.a", "libstdc++-arm-none-eabi-newlib"),
+    ):
+        where = subprocess.run(
+            [gxx, *flags, f"-print-file-name={lib}"], capture_output=True, text=True
+        ).stdout.strip()
+        if not Path(where).is_absolute() or not Path(where).is_file():
+            raise EtbuildError(
+                f"target cortex_m links newlib-nano, and {gxx} has no {lib} for "
+                f"{' '.join(flags)}; install it with `apt-get install {package}` (Debian/Ubuntu)"
+            )
+    if tcfg.toolchain_file:
+        toolchain_file = _existing(tcfg.toolchain_file, "target.toolchain_file")
+    else:
+        toolchain_file = str(RUNTIME_SRC_DIR / "cmake" / "cortex_m.cmake")
+    return Toolchain(
+        kind=TargetKind.cortex_m,
+        cmake_args=[
+            f"-DCMAKE_TOOLCHAIN_FILE={toolchain_file}",
+            f"-DETB_ARM_TOOLCHAIN_PREFIX={gcc[: -len('gcc')]}",
+            f"-DETB_ARM_CPU={tcfg.cpu}",
+            f"-DETB_ARM_FPU={tcfg.fpu or ''}",
+            f"-DETB_ARM_FLOAT_ABI={FloatAbi(tcfg.float_abi).value}",
+            "-DETB_BARE_METAL=ON",
+            "-DETB_NATIVE_ARCH=OFF",
+        ],
+        strip=found["strip"],
+        nm=found["nm"],
+        size=found["size"],
+        run_prefix=None,
+        not_runnable_reason=(
+            f"bare-metal {tcfg.cpu} firmware: no Cortex-M board is attached to this build machine"
+        ),
+        identity=[gxx, _version(gxx), str(tcfg.toolchain_file)],
+    )
+
+
 def resolve(tcfg: DictConfig, need_run: bool = True) -> Toolchain:
     """The toolchain for a ``target`` config; raises EtbuildError naming what to install or
     set when something is missing. ``need_run``: verify will run the runner here."""
@@ -196,7 +280,9 @@ def resolve(tcfg: DictConfig, need_run: bool = True) -> Toolchain:
         return _linux_aarch64(tcfg, need_run)
     if kind == TargetKind.android:
         return _android(tcfg)
+    if kind == TargetKind.cortex_m:
+        return _cortex_m(tcfg)
     raise EtbuildError(
         f"target.kind={kind.value} is not supported by this version of etbuild; use "
-        "+target=host, +target=linux_aarch64 or +target=android"
+        "+target=host, +target=linux_aarch64, +target=android or +target=cortex_m"
     )

@@ -1,4 +1,8 @@
-"""The pipeline's stages, in the order they run (DESIGN.md's data flow)."""
+"""The pipeline's stages, in the order they run (DESIGN.md's data flow).
+
+The cacheable stages form a prefix that depends only on the model, its data and the config
+slices they read, never on the target: pipeline/stage_cache.py stores their results.
+"""
 
 from ..runner import Stage
 from . import (
@@ -17,16 +21,16 @@ from . import (
 )
 
 STAGES: list[Stage] = [
-    Stage("model", model.run),
-    Stage("export", export.run),
-    Stage("quantize", quantize.run),
-    Stage("lower", lower.run),
-    Stage("out_variant", out_variant.run),
-    Stage("plan", plan.run),
-    Stage("emit", emit.run),
+    Stage("model", model.run, cacheable=True),
+    Stage("export", export.run, cacheable=True),
+    Stage("quantize", quantize.run, cacheable=True),
+    Stage("lower", lower.run, cacheable=True),
+    Stage("out_variant", out_variant.run, cacheable=True),
+    Stage("plan", plan.run, cacheable=True),
+    Stage("emit", emit.run, cacheable=True, passes_on=("emit_facts", "program_inputs")),
+    Stage("reference", reference.run, cacheable=True),
     Stage("select", select.run),
     Stage("build", build.run),
-    Stage("reference", reference.run),
     Stage("verify", verify.run),
     Stage("report", report.run),
 ]

@@ -10,7 +10,9 @@ is copied the same way, so neither is ever half-written.
 ``runtime/`` holds ``lib/`` (libetb_runtime.a: the core; libetb_kernels.a: the selected
 kernels and their registration), ``include/``, ``bin/etb_runner`` and
 ``lib/cmake/etbuild_runtime`` (``find_package(etbuild_runtime)``; targets
-``etbuild::runtime``, ``etbuild::core``, ``etbuild::kernels``).
+``etbuild::runtime``, ``etbuild::core``, ``etbuild::kernels``). A bare-metal target (cortex_m)
+has no CLI runner: ``bin/etb_firmware.elf`` is a minimal firmware image whose flash and RAM
+(``arm-none-eabi-size``) the stage reports.
 """
 
 from __future__ import annotations
@@ -26,32 +28,16 @@ import tempfile
 from pathlib import Path
 
 from .. import __version__
+from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
 from ..runner import Context, sha256_file
+from ..stage_cache import cache_root, tree_digest
 from ..toolchain import Toolchain, resolve
 
 CODEGEN_DIR = PACKAGE_ROOT / "codegen"
 KERNEL_NAMESPACES = ("etb::native::", "etb::quantized::", "etb::prim::")
 REGISTRATION_MARKERS = ("register_all_kernels", "::wrap_", "check_tensor_arg", "kKernels")
-
-
-def cache_root(cfg) -> Path:
-    """``build.cache_dir``, else ``$ETBUILD_CACHE_DIR``, else ``~/.cache/etbuild/builds``."""
-    if cfg.build.cache_dir:
-        return Path(cfg.build.cache_dir).expanduser()
-    env = os.environ.get("ETBUILD_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "etbuild" / "builds"
-
-
-def _tree_digest(h, root: Path, patterns: tuple[str, ...]) -> None:
-    for pattern in patterns:
-        for path in sorted(root.glob(pattern)):
-            if path.is_file() and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode() + b"\0")
-                h.update(path.read_bytes() + b"\0")
 
 
 def cmake_args(cfg, tc: Toolchain) -> list[str]:
@@ -69,9 +55,12 @@ def cmake_args(cfg, tc: Toolchain) -> list[str]:
 def build_key(cfg, tc: Toolchain, selection: bytes) -> str:
     h = hashlib.sha256()
     h.update(f"etbuild {__version__}\0".encode())
-    _tree_digest(h, RUNTIME_SRC_DIR, ("**/*",))
-    _tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
-    _tree_digest(h, CODEGEN_DIR, ("*.py",))
+    tree_digest(h, RUNTIME_SRC_DIR, ("**/*",))
+    tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
+    tree_digest(h, CODEGEN_DIR, ("*.py",))
+    h.update(Path(__file__).read_bytes())  # how the build is driven (wheel, install)
+    if wants_wheel(cfg, tc):
+        h.update(f"wheel for python {sys.version}\0".encode())
     h.update(b"selection\0" + selection)
     # Paths that differ between installs but not in effect are left out of the flags.
     flags = [
@@ -83,11 +72,11 @@ def build_key(cfg, tc: Toolchain, selection: bytes) -> str:
     return h.hexdigest()[:24]
 
 
-def _run(cmd: list[str], log: Path, what: str) -> None:
+def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
     with open(log, "ab") as f:
         f.write(("$ " + " ".join(cmd) + "\n").encode())
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-30:]
         raise EtbuildError(f"{what} failed (full log: {log}):\n" + "\n".join(tail))
@@ -130,8 +119,24 @@ def classify(syms: list[tuple[int, str]]) -> dict:
     }
 
 
+def firmware_size(tc: Toolchain, image: Path) -> dict[str, int]:
+    """A bare-metal image's sections as ``size -B`` counts them: text (code and read-only
+    data), data (initialized), bss; flash = text + data, RAM = data + bss."""
+    out = subprocess.run(
+        [tc.size, "-B", "-d", str(image)], check=True, capture_output=True, text=True
+    ).stdout
+    text, data, bss = (int(x) for x in out.splitlines()[1].split()[:3])
+    return {"text": text, "data": data, "bss": bss, "flash": text + data, "ram": data + bss}
+
+
 def measure(tc: Toolchain, build_dir: Path, tmp: Path, all_ops: bool) -> dict:
-    core = _stripped_size(tc, build_dir / "etb_size_test", tmp)
+    # Bare metal (tc.size): etb_size_test and etb_runner are firmware images (no kernels; the
+    # selected ones); the core is what the image without kernels takes in flash.
+    bare_metal = bool(tc.size)
+    if bare_metal:
+        core = firmware_size(tc, build_dir / "etb_size_test")["flash"]
+    else:
+        core = _stripped_size(tc, build_dir / "etb_size_test", tmp)
     sizes: dict = {"core_bytes": core}
     tailored = classify(symbol_sizes(tc, build_dir / "etb_runner"))
     sizes.update(tailored)
@@ -145,7 +150,61 @@ def measure(tc: Toolchain, build_dir: Path, tmp: Path, all_ops: bool) -> dict:
         sizes["all_ops_runner_stripped_bytes"] = _stripped_size(
             tc, build_dir / "etb_runner_all_ops", tmp
         )
+    if bare_metal:
+        image = firmware_size(tc, build_dir / "etb_runner")
+        sizes.update({f"{k}_bytes": v for k, v in image.items()})
+        sizes["core_ram_bytes"] = firmware_size(tc, build_dir / "etb_size_test")["ram"]
+        if all_ops:
+            full_image = firmware_size(tc, build_dir / "etb_runner_all_ops")
+            sizes["all_ops_flash_bytes"] = full_image["flash"]
     return sizes
+
+
+WHEEL_PACKAGE = "etbuild_runtime"
+
+
+def wants_wheel(cfg, tc: Toolchain) -> bool:
+    return bool(cfg.build.wheel) and tc.kind == TargetKind.host
+
+
+def build_wheel(defines: list[str], key: str, build_dir: Path, wheel_dir: Path, log: Path) -> Path:
+    """Configure and build the runtime through scikit-build-core, which also packs the Python
+    module with only the selected kernels into a wheel (package ``etbuild_runtime``, version
+    ``<etbuild version>+<build key>``). ``build_dir`` keeps the whole build (libraries, runner)
+    for the install step that follows."""
+    project = build_dir.parent / "wheel_project"
+    project.mkdir()
+    args = [*defines, f"-DETB_PYTHON_PACKAGE={WHEEL_PACKAGE}", "-DETB_BUILD_PYTHON=ON"]
+    (project / "pyproject.toml").write_text(
+        "\n".join(
+            [
+                "[build-system]",
+                'requires = ["scikit-build-core>=0.10", "nanobind>=2.0"]',
+                'build-backend = "scikit_build_core.build"',
+                "[project]",
+                f'name = "{WHEEL_PACKAGE.replace("_", "-")}"',
+                f'version = "{__version__}+{key}"',
+                'description = "The etbuild runtime with one build\'s selected kernels"',
+                "[tool.scikit-build]",
+                f"cmake.source-dir = {json.dumps(str(RUNTIME_SRC_DIR))}",
+                f"build-dir = {json.dumps(str(build_dir))}",
+                f"cmake.args = {json.dumps(args)}",
+                'install.components = ["python_module"]',
+                "wheel.packages = []",
+                "wheel.license-files = []",
+                "",
+            ]
+        )
+    )
+    wheel_dir.mkdir(parents=True)
+    code = "import sys, scikit_build_core.build as b; b.build_wheel(sys.argv[1])"
+    _run(
+        [sys.executable, "-c", code, str(wheel_dir)],
+        log,
+        "building the runtime and its wheel (scikit-build-core)",
+        cwd=project,
+    )
+    return next(wheel_dir.glob("*.whl"))
 
 
 def build_into_cache(cfg, tc: Toolchain, selection_path: Path, entry: Path) -> None:
@@ -156,22 +215,16 @@ def build_into_cache(cfg, tc: Toolchain, selection_path: Path, entry: Path) -> N
         build_dir, install_dir, log = tmp / "build", tmp / "install", tmp / "build.log"
         shutil.copy2(selection_path, tmp / "selected_operators.yaml")
         cmake = shutil.which("cmake") or "cmake"
-        _run(
-            [
-                cmake,
-                "-S",
-                str(RUNTIME_SRC_DIR),
-                "-B",
-                str(build_dir),
-                "-G",
-                "Ninja",
-                f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}",
-                *cmake_args(cfg, tc),
-            ],
-            log,
-            "configuring the runtime (cmake)",
-        )
-        _run([cmake, "--build", str(build_dir)], log, "building the runtime (ninja)")
+        defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *cmake_args(cfg, tc)]
+        if wants_wheel(cfg, tc):
+            build_wheel(defines, entry.name, build_dir, install_dir / "wheel", log)
+        else:
+            _run(
+                [cmake, "-S", str(RUNTIME_SRC_DIR), "-B", str(build_dir), "-G", "Ninja", *defines],
+                log,
+                "configuring the runtime (cmake)",
+            )
+            _run([cmake, "--build", str(build_dir)], log, "building the runtime (ninja)")
         _run(
             [cmake, "--install", str(build_dir), "--prefix", str(install_dir)],
             log,
@@ -215,7 +268,7 @@ def run(ctx: Context) -> None:
     tc = resolve(cfg.target, need_run=cfg.pipeline.verify.enabled)
     selection = ctx.read("selected_operators.yaml")
     key = build_key(cfg, tc, selection)
-    entry = cache_root(cfg) / key
+    entry = cache_root(cfg) / "builds" / key
     ctx.note_read("build_cache_key", key)
     hit = (entry / "sizes.json").is_file()
     if not hit:
@@ -230,6 +283,11 @@ def run(ctx: Context) -> None:
         key=key[:12],
         runtime_kb=round(sizes["tailored_bytes"] / 1024, 1),
     )
+    if "flash_bytes" in sizes:  # bare metal: the firmware image's flash and static RAM
+        ctx.summarize(
+            flash_kb=round(sizes["flash_bytes"] / 1024, 1),
+            ram_kb=round(sizes["ram_bytes"] / 1024, 1),
+        )
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(

@@ -313,4 +313,8 @@ def run(ctx: Context) -> None:
     )
     ctx.write("model.pte", data)
     ctx.artifacts["emit_facts"] = facts
+    ctx.artifacts["program_inputs"] = [
+        [[int(d) for d in v.shape], str(v.dtype).removeprefix("torch.")]
+        for v in ctx.artifacts["program"].inputs
+    ]
     ctx.summarize(**facts)

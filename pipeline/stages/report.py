@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ..runner import Context
 
 
@@ -10,11 +12,17 @@ def _kb(n: int) -> str:
 
 
 def _size_section(cfg, sizes: dict) -> list[str]:
+    core = (
+        "Core: the flash (text + data) of the firmware image with no kernels (executor, "
+        "platform layer, newlib-nano)"
+        if "flash_bytes" in sizes
+        else "Core: the stripped `etb_size_test` (executor, no kernels)"
+    )
     lines = [
         "",
         f"## Runtime size ({cfg.target.name})",
         "",
-        "Core: the stripped `etb_size_test` (executor, no kernels). Kernels and registration: "
+        f"{core}. Kernels and registration: "
         "the symbol sizes (`nm --size-sort`) in the linked runner (`--gc-sections`).",
         "",
         "| part | tailored |" + (" all ops |" if "all_ops_bytes" in sizes else ""),
@@ -27,6 +35,8 @@ def _size_section(cfg, sizes: dict) -> list[str]:
         ("**runtime (core + kernels + registration)**", "tailored_bytes", "all_ops_bytes"),
         ("runner binary, stripped", "runner_stripped_bytes", "all_ops_runner_stripped_bytes"),
     ]
+    if "flash_bytes" in sizes:  # bare metal: the firmware image, not a CLI runner
+        rows[-1] = ("firmware image, flash", "flash_bytes", "all_ops_flash_bytes")
     for label, mine, full in rows:
         cell = f"| {label} | {_kb(sizes[mine])} |"
         if "all_ops_bytes" in sizes:
@@ -43,12 +53,31 @@ def _size_section(cfg, sizes: dict) -> list[str]:
     return lines
 
 
+def _flash_section(sizes: dict, program_bytes: int, planned_bytes: int) -> list[str]:
+    """Bare metal: the firmware image's flash and RAM, and the program next to them."""
+    flash = sizes["flash_bytes"]
+    return [
+        "",
+        "## Flash and RAM (bare metal)",
+        "",
+        "The firmware image `runtime/bin/etb_firmware.elf` as `arm-none-eabi-size -B` counts it "
+        "(the runtime, the selected kernels and their registration, newlib-nano; not the "
+        "program):",
+        "",
+        f"- flash: {_kb(flash)} = text {sizes['text_bytes']:,} + data {sizes['data_bytes']:,}",
+        f"- RAM: {_kb(sizes['ram_bytes'])} static = data {sizes['data_bytes']:,} + bss "
+        f"{sizes['bss_bytes']:,}; the application adds the planned memory banks "
+        f"({_kb(planned_bytes)}), the method allocator and the kernels' scratch memory",
+        f"- program: model.pte is {_kb(program_bytes)}, {program_bytes / flash:,.2f}x the "
+        f"runtime's flash; flash must hold both ({_kb(program_bytes + flash)})",
+    ]
+
+
 def render(ctx: Context) -> str:
     cfg = ctx.cfg
     a = ctx.artifacts
-    plan = a["plan"]
+    plan = json.loads(ctx.read("memory_plan.json"))
     facts = a["emit_facts"]
-    program = a["program"]
     lines = [
         f"# etbuild report: {cfg.model.name}",
         "",
@@ -57,8 +86,8 @@ def render(ctx: Context) -> str:
         f"- partitioner: {cfg.partitioner.name}",
         "- inputs: "
         + ", ".join(
-            f"{spec.name} {list(v.shape)} {str(v.dtype).removeprefix('torch.')}"
-            for spec, v in zip(cfg.model.inputs, program.inputs, strict=False)
+            f"{spec.name} {shape} {dtype}"
+            for spec, (shape, dtype) in zip(cfg.model.inputs, a["program_inputs"], strict=False)
         ),
         "",
         "## Program (model.pte)",
@@ -73,19 +102,19 @@ def render(ctx: Context) -> str:
         "",
         "## Memory plan",
         "",
-        f"Planner `{plan.planner}`, alignment {plan.alignment} B, "
-        f"{plan.in_place_reuses} outputs written in place over a dying input.",
+        f"Planner `{plan['planner']}`, alignment {plan['alignment']} B, "
+        f"{plan['in_place_reuses']} outputs written in place over a dying input.",
         "",
         "| bank | planned |",
         "|---|---|",
     ]
-    for name, size in zip(plan.bank_names, plan.bank_sizes, strict=True):
-        lines.append(f"| {name} | {_kb(size)} |")
-    total = sum(plan.bank_sizes)
-    ratio = total / plan.lower_bound if plan.lower_bound else 1.0
+    for bank in plan["banks"]:
+        lines.append(f"| {bank['name']} | {_kb(bank['planned_bytes'])} |")
+    bound = plan["lower_bound_bytes"]
+    ratio = plan["total_bytes"] / bound if bound else 1.0
     lines += [
         "",
-        f"Peak-live lower bound: {_kb(plan.lower_bound)}; the plan is {ratio:.3f}x of it.",
+        f"Peak-live lower bound: {_kb(bound)}; the plan is {ratio:.3f}x of it.",
         "",
         "## Operators",
         "",
@@ -98,6 +127,8 @@ def render(ctx: Context) -> str:
     sizes = a.get("runtime_sizes")
     if sizes:
         lines += _size_section(cfg, sizes)
+    if sizes and "flash_bytes" in sizes:
+        lines += _flash_section(sizes, facts["file_bytes"], plan["total_bytes"])
     verify = a.get("verify")
     if verify:
         lines += ["", "## Verification on the etbuild runtime", "", "| what | value |", "|---|---|"]

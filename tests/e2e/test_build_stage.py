@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def _stage(run_dir: Path, name: str) -> dict:
 @pytest.fixture(scope="session")
 def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("build_mlp")
-    build_in_process(MLP, run_dir)
+    build_in_process(MLP, run_dir, wheel=True)
     return run_dir
 
 
@@ -77,7 +78,7 @@ def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) 
     assert _stage(mlp_build, "build")["summary"]["cache"] in ("miss", "hit")
     cache = Path(os.environ["ETBUILD_CACHE_DIR"])
     before = {p: p.stat().st_mtime_ns for p in cache.rglob("*")}
-    build_in_process(MLP, tmp_path / "again")
+    build_in_process(MLP, tmp_path / "again", wheel=True)
     summary = _stage(tmp_path / "again", "build")["summary"]
     assert summary["cache"] == "hit"
     assert summary["key"] == _stage(mlp_build, "build")["summary"]["key"]
@@ -86,6 +87,38 @@ def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) 
     assert (tmp_path / "again/runtime/lib/libetb_kernels.a").read_bytes() == (
         mlp_build / "runtime/lib/libetb_kernels.a"
     ).read_bytes()
+
+
+def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_path: Path) -> None:
+    """runtime/wheel/ holds a wheel of the tailored runtime: installed into a fresh venv, it
+    registers exactly the selected kernels and runs model.pte like eager."""
+    (wheel,) = (mlp_build / "runtime/wheel").glob("etbuild_runtime-*.whl")
+    venv = tmp_path / "venv"
+    # System site-packages: torch (the module returns torch tensors), but no etbuild_runtime.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin/python"
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True
+    )
+    script = (
+        "import json, sys, torch, etbuild_runtime as r\n"
+        "ref = torch.load(sys.argv[2], weights_only=True)\n"
+        "out = r.load(sys.argv[1]).run(ref['inputs'])\n"
+        "err = (out[0] - ref['outputs'][0]).abs().max().item()\n"
+        "print(json.dumps({'file': r.__file__, 'kernels': r.registered_kernels(), 'err': err}))\n"
+    )
+    proc = subprocess.run(
+        [py, "-c", script, str(mlp_build / "model.pte"), str(mlp_build / "reference.pt")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["file"].startswith(str(venv))
+    selected = yaml.safe_load((mlp_build / "selected_operators.yaml").read_text())["operators"]
+    assert sorted(result["kernels"]) == sorted(selected)
+    assert result["err"] < 1e-5
 
 
 def test_size_budget_fails_the_build(mlp_build: Path, tmp_path: Path) -> None:

@@ -223,7 +223,10 @@ def test_quant_options_are_validated() -> None:
     ("override", "expected"),
     [
         ("+target=android", r"Android NDK.*target\.ndk.*ANDROID_NDK_HOME.*ANDROID_NDK_ROOT"),
-        ("target.kind=cortex_m", r"target\.kind=cortex_m is not supported"),
+        (
+            "+target=cortex_m target.compiler_prefix=no-such-arm-",
+            r"no-such-arm-gcc is not on PATH.*apt-get install gcc-arm-none-eabi",
+        ),
         ("partitioner.name=xnnpack", r"partitioner\.name='xnnpack'.*no delegate partitioners"),
     ],
 )
@@ -232,7 +235,7 @@ def test_unsupported_options_are_rejected(
 ) -> None:
     monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
     monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
-    cfg = compose_config([override])
+    cfg = compose_config(override.split())
     with pytest.raises(EtbuildError, match=expected):
         check_supported(cfg)
 
@@ -274,9 +277,13 @@ def test_cli_unknown_option_and_enum(tmp_path: Path) -> None:
     _assert_clean_failure(proc, "memory.planner", "greedy", "naive")
 
 
-def test_cli_unsupported_target(tmp_path: Path) -> None:
-    proc = run_cli(["model=mlp", "target.kind=cortex_m", f"hydra.run.dir={tmp_path}/run"], tmp_path)
-    out = _assert_clean_failure(proc, "target.kind=cortex_m is not supported")
+def test_cli_missing_target_toolchain(tmp_path: Path) -> None:
+    proc = run_cli(
+        ["model=mlp", "+target=cortex_m", "target.compiler_prefix=no-such-arm-",
+         f"hydra.run.dir={tmp_path}/run"],
+        tmp_path,
+    )  # fmt: skip
+    out = _assert_clean_failure(proc, "no-such-arm-gcc", "apt-get install gcc-arm-none-eabi")
     assert "error" in proc.stderr, out
     assert not (tmp_path / "run" / "model.pte").exists()
 

@@ -1,0 +1,189 @@
+"""The stage cache: the results of the cacheable stage prefix (model .. reference), reused by
+a later run whose inputs are identical.
+
+The key hashes everything those stages read: the config minus the sections only later stages
+read (target, selection, build, and the verify/stop settings), the etbuild sources that run
+them (pipeline/, ops_yaml/, the program schema), the source file of every user ``_target_``
+they call (model, calibration data, QAT train step), the checkpoint and calibration files, and
+the versions of python, torch, torchao and flatbuffers. A user module that imports other
+local modules is keyed by its own file only; set ``pipeline.cache=false`` while editing those.
+
+An entry is ``<cache root>/stages/<key>/``: ``entry.json`` (the stages' manifest records and
+the artifacts they pass on) and ``files/`` (what they wrote to the run directory). It is
+written to a temporary folder and renamed into place, and checked against its recorded hashes
+when read, so a damaged entry is a miss, never a wrong result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from . import __version__
+from .paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
+
+# Config settings that only stages after the cached prefix read.
+_LATER_SECTIONS = ("target", "selection", "build")
+_LATER_SETTINGS = (
+    ("pipeline", "stop_after"),
+    ("pipeline", "cache"),
+    ("pipeline", "verify", "enabled"),
+    ("pipeline", "verify", "tolerance"),
+    ("quant", "min_sqnr_db"),
+)
+_TOOLS = ("torch", "torchao", "flatbuffers", "hydra-core", "omegaconf")
+
+
+def cache_root(cfg: DictConfig) -> Path:
+    """``build.cache_dir``, else ``$ETBUILD_CACHE_DIR``, else ``~/.cache/etbuild``."""
+    if cfg.build.cache_dir:
+        return Path(cfg.build.cache_dir).expanduser()
+    env = os.environ.get("ETBUILD_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "etbuild"
+
+
+def tree_digest(h: Any, root: Path, patterns: tuple[str, ...]) -> None:
+    """Feed every file under ``root`` matching ``patterns`` (path and bytes) into ``h``."""
+    for pattern in patterns:
+        for path in sorted(root.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode() + b"\0")
+                h.update(path.read_bytes() + b"\0")
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _target_source(target: str | None) -> str:
+    """The digest of the file that defines a ``_target_`` ("pkg.module.attr")."""
+    if not target:
+        return ""
+    module = target.rpartition(".")[0] or target
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return f"unresolved {target}"  # the model stage will report it; nothing is stored
+    return f"{spec.origin} {_file_digest(Path(spec.origin))}"
+
+
+def _path_digest(path_text: str | None, pattern: str = "*") -> str:
+    if not path_text:
+        return ""
+    path = Path(path_text).expanduser()
+    if path.is_file():
+        return _file_digest(path)
+    if path.is_dir():
+        return json.dumps(
+            {p.name: _file_digest(p) for p in sorted(path.glob(pattern)) if p.is_file()}
+        )
+    return f"missing {path_text}"
+
+
+def _tool_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "etbuild": __version__}
+    for name in _TOOLS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def stage_cache_key(cfg: DictConfig) -> str:
+    """The key of the cacheable prefix's results for ``cfg``."""
+    doc = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for section in _LATER_SECTIONS:
+        doc.pop(section, None)
+    for path in _LATER_SETTINGS:
+        node = doc
+        for part in path[:-1]:
+            node = node.get(part, {})
+        node.pop(path[-1], None)
+    quant = cfg.quant
+    inputs = {
+        "config": doc,
+        "tools": _tool_versions(),
+        "model_source": _target_source(cfg.model._target_),
+        "checkpoint": _path_digest(cfg.model.checkpoint),
+        "calibration_source": _target_source(quant.calibration._target_),
+        "calibration_files": _path_digest(quant.calibration.folder, "*.pt"),
+        "train_step_source": _target_source(quant.qat.train_step.get("_target_")),
+    }
+    h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
+    tree_digest(h, PACKAGE_ROOT / "pipeline", ("**/*.py",))
+    tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
+    tree_digest(h, RUNTIME_SRC_DIR / "schema", ("*.fbs",))
+    return h.hexdigest()[:32]
+
+
+@dataclass
+class CachedPrefix:
+    """A cache hit: the stages' manifest records, their passed-on artifacts, their files."""
+
+    records: list[dict[str, Any]]
+    artifacts: dict[str, Any]
+    files: dict[str, Path]
+
+
+class StageCache:
+    """One entry of the stage cache (``root/stages/key``)."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.key = key
+        self.entry = root / "stages" / key
+
+    def load(self) -> CachedPrefix | None:
+        """The stored results, or None when absent or damaged."""
+        try:
+            doc = json.loads((self.entry / "entry.json").read_text())
+            files = {}
+            for rec in doc["records"]:
+                for name, digest in rec["writes"].items():
+                    path = self.entry / "files" / name
+                    if _file_digest(path) != digest:
+                        return None
+                    files[name] = path
+            return CachedPrefix(doc["records"], doc["artifacts"], files)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def store(self, run_dir: Path, records: list[dict[str, Any]], artifacts: dict) -> None:
+        """Save the stages' records, artifacts and files; a concurrent identical store wins."""
+        self.entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.entry.parent, prefix=f".{self.key}."))
+        try:
+            for rec in records:
+                for name in rec["writes"]:
+                    dest = tmp / "files" / name
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(run_dir / name, dest)
+            doc = {"key": self.key, "records": records, "artifacts": artifacts}
+            (tmp / "entry.json").write_text(json.dumps(doc, indent=1) + "\n")
+            try:
+                os.replace(tmp, self.entry)
+            except OSError:
+                if self.load() is None:  # not an identical entry stored meanwhile
+                    shutil.rmtree(self.entry, ignore_errors=True)
+                    os.replace(tmp, self.entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""The select stage: per-argument dtypes (scalar and mixed-dtype arguments included), the union
+of several programs, and a hand-written, pinned kernel set from a recipe."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from etbuild_test_support import build_in_process, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def _selection(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / "selected_operators.yaml").read_text())["operators"]
+
+
+def _kernels_in_library(run_dir: Path) -> set[str]:
+    """The op keys whose kernel function the tailored kernel library defines."""
+    from etbuild.codegen.gen import load_entries
+    from etbuild.pipeline.paths import OPS_YAML_DIR
+
+    nm = subprocess.run(
+        ["nm", "-C", "--defined-only", str(run_dir / "runtime/lib/libetb_kernels.a")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    defined = {line.split(" ", 2)[2].split("(")[0] for line in nm.splitlines() if " T " in line}
+    return {e.schema.key for e in load_entries(OPS_YAML_DIR) if e.kernel_name in defined}
+
+
+def test_mixed_and_scalar_arguments_are_recorded(zoo_build) -> None:
+    sel = _selection(zoo_build("transformer"))
+    # embedding: Float weights, Long indices -> exactly that combination.
+    assert sel["aten::embedding.out"]["dtypes"] == {
+        "indices": ["Long"],
+        "out": ["Float"],
+        "weight": ["Float"],
+    }
+    # Scalar arguments carry the kind of scalar the program passes.
+    assert sel["aten::addmm.out"]["dtypes"]["alpha"] == ["Long"]
+    assert sel["aten::addmm.out"]["dtypes"]["beta"] == ["Long"]
+    assert sel["aten::add.out"]["dtypes"]["alpha"] == ["Long"]
+    assert sum(info["count"] for info in sel.values()) > len(sel)
+
+
+def test_union_of_several_programs(zoo_build, tmp_path: Path) -> None:
+    """An app shipping the MLP and the transformer gets one runtime for both."""
+    other = zoo_build("transformer")
+    run_dir = tmp_path / "run"
+    build_in_process(["model=mlp", f"selection.programs=[{other}/model.pte]"], run_dir)
+    mlp_alone = _selection(zoo_build("mlp"))
+    both = _selection(run_dir)
+    assert set(both) == set(mlp_alone) | set(_selection(other))
+    assert both["aten::addmm.out"]["count"] == (
+        mlp_alone["aten::addmm.out"]["count"] + _selection(other)["aten::addmm.out"]["count"]
+    )
+    assert _kernels_in_library(run_dir) == set(both)
+    # The same union from the other build's selected_operators.yaml.
+    again = tmp_path / "again"
+    build_in_process(["model=mlp", f"selection.programs=[{other}/selected_operators.yaml]"], again)
+    assert _selection(again) == both
+
+
+def test_a_program_list_entry_that_is_not_a_program(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pte"
+    junk.write_bytes(b"not a program at all, not even close")
+    proc = run_cli(
+        [
+            "model=mlp",
+            f"selection.programs=[{junk},{tmp_path}/absent.pte]",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"selection.programs: {junk}: not an ExecuTorch program" in out, out
+    assert "Traceback" not in out and "[1/" not in proc.stdout
+
+
+def _recipe(tmp_path: Path, operators: str) -> Path:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "pinned.yaml").write_text(
+        textwrap.dedent("""
+        defaults:
+          - config
+          - override /model: mlp
+          - _self_
+
+        selection:
+          operators:
+        """)
+        + textwrap.indent(textwrap.dedent(operators), "    ")
+    )
+    return recipes
+
+
+def test_pinned_kernel_set_from_a_recipe(tmp_path: Path) -> None:
+    recipes = _recipe(
+        tmp_path,
+        """
+        aten::addmm.out: null
+        aten::relu.out: {dtypes: {self: [Float], out: [Float]}}
+        aten::add.out: {dtypes: {self: [Float, Long], other: [Float, Long], out: [Float, Long]}}
+        """,
+    )
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        ["--config-dir", str(recipes), "--config-name", "pinned", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sel = _selection(run_dir)
+    assert set(sel) == {"aten::addmm.out", "aten::relu.out", "aten::add.out"}
+    assert sel["aten::add.out"]["count"] == 0  # pinned though this program does not use it
+    assert sel["aten::add.out"]["dtypes"]["self"] == ["Float", "Long"]
+    assert sel["aten::addmm.out"]["dtypes"]["mat1"] == ["Float"]  # null: what ops_yaml lists
+    assert _kernels_in_library(run_dir) == set(sel)
+
+
+def test_pinned_kernel_set_that_lacks_a_used_kernel(tmp_path: Path) -> None:
+    recipes = _recipe(tmp_path, "aten::addmm.out: {dtypes: {self: [Float]}}\n")
+    proc = run_cli(
+        ["--config-dir", str(recipes), "--config-name", "pinned", f"hydra.run.dir={tmp_path}/r"],
+        tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert (
+        "the pinned kernel set (selection.operators) lacks what this program uses: "
+        "aten::relu.out;" in out
+    ), out
+    assert not (tmp_path / "r/selected_operators.yaml").exists()
+    assert not (tmp_path / "r/runtime").exists()
+
+
+@pytest.mark.parametrize(
+    "operators, message",
+    [
+        ("aten::adddmm.out: null\n", "selection.operators: 'aten::adddmm.out' is not an operator"),
+        (
+            "aten::relu.out: {dtypes: {self: [Long]}}\n",
+            "selection.operators: aten::relu.out argument 'self': Long not supported; "
+            "ops_yaml lists Float",
+        ),
+        (
+            "aten::relu.out: {dtypes: {input: [Float]}}\n",
+            "selection.operators: aten::relu.out has no tensor or Scalar argument 'input'",
+        ),
+    ],
+)
+def test_pinned_kernel_set_errors(tmp_path: Path, operators: str, message: str) -> None:
+    recipes = _recipe(tmp_path, operators)
+    proc = run_cli(
+        ["--config-dir", str(recipes), "--config-name", "pinned", f"hydra.run.dir={tmp_path}/r"],
+        tmp_path,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert message in out, out
+    assert "Traceback" not in out
+    assert "[1/" not in proc.stdout  # refused before any stage ran
