@@ -22,6 +22,7 @@ from quant_latency import build
 from torch.utils import _pytree as pytree
 
 from etbuild import runtime
+from etbuild.pipeline.config import register_configs
 
 # The float ops of a converted graph that accumulate (and so round differently in float64).
 _ACCUMULATING = ("conv2d", "convolution", "linear", "addmm", "aten.add", "mean", "adaptive_avg")
@@ -62,6 +63,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mobilenet")
     opts = p.parse_args()
+    register_configs()
     with tempfile.TemporaryDirectory(prefix="etb_qagree_") as tmp:
         run_dir = Path(tmp) / "int8"
         ctx, _ = build([f"model={opts.model}", "+quant=ptq"], run_dir)
