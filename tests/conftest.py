@@ -85,22 +85,30 @@ def custom_model_overrides(name: str, inputs: Sequence[tuple[str, Sequence[int]]
 
 
 def build_in_process(
-    overrides: Sequence[str], run_dir: Path, stage_cache: bool = False, wheel: bool = False
+    overrides: Sequence[str],
+    run_dir: Path,
+    stage_cache: bool = False,
+    wheel: bool = False,
+    all_ops: bool = False,
 ):
     """Compose ``overrides`` and build into ``run_dir`` exactly as the command does
     (``etbuild.pipeline.cli.build``); returns the runner's Context (artifacts in memory).
 
     The stage cache is off unless ``stage_cache``: tests read the in-memory artifacts of every
-    stage, which a cache hit does not recreate. The host wheel is off unless ``wheel`` (it
-    compiles the Python module again for every selection; tests/e2e/test_build_stage.py
-    checks it).
+    stage, which a cache hit does not recreate. The host wheel and the all-ops runner (each
+    compiles the kernels or the Python module once more per selection) are off unless
+    ``wheel`` / ``all_ops``; tests/e2e/test_build_stage.py checks both.
 
     The Context is captured by wrapping ``runner.run_stages``, which ``build`` looks up when
     it runs; a failing build raises as ``build`` does.
     """
     from etbuild.pipeline import cli, runner
 
-    switches = [f"pipeline.cache={str(stage_cache).lower()}", f"build.wheel={str(wheel).lower()}"]
+    switches = [
+        f"pipeline.cache={str(stage_cache).lower()}",
+        f"build.wheel={str(wheel).lower()}",
+        f"build.compare_all_ops={str(all_ops).lower()}",
+    ]
     cfg = compose_config([*overrides, *switches])
     real = runner.run_stages
     captured = []

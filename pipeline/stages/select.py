@@ -28,10 +28,12 @@ from ..scalar_types import DTYPES
 
 Selection = dict[str, dict]  # op key -> {"count": int, "dtypes": {argument: [dtype names]}}
 
-_SCALAR_KINDS = {"Int": "Long", "Double": "Double", "Bool": "Bool"}
+# The EValue kinds a Scalar argument may hold, and the dtype name each is recorded as.
+SCALAR_KINDS = {"Int": "Long", "Double": "Double", "Bool": "Bool"}
 
 
-def _is_scalar(arg) -> bool:
+def is_scalar_arg(arg) -> bool:
+    """True for a ``Scalar`` or ``Scalar?`` schema argument (recorded as Long/Double/Bool)."""
     t = arg.type
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
@@ -51,7 +53,7 @@ def _value_kinds(values, index: int, scalar: bool) -> list[str]:
     if v.valType in (KernelTypes.TensorList, KernelTypes.OptionalTensorList):
         return [k for i in v.val.items for k in _value_kinds(values, int(i), False)]
     if scalar:
-        for kind, name in _SCALAR_KINDS.items():
+        for kind, name in SCALAR_KINDS.items():
             if v.valType == getattr(KernelTypes, kind):
                 return [name]
     return []
@@ -92,7 +94,7 @@ def program_selection(data: bytes, label: str, ops: dict[str, OpDef]) -> Selecti
                 counts[key] += 1
                 args = [] if call.args is None else [int(i) for i in call.args]
                 for arg, index in zip(opdef.schema.arguments, args, strict=False):
-                    for kind in _value_kinds(values, index, _is_scalar(arg)):
+                    for kind in _value_kinds(values, index, is_scalar_arg(arg)):
                         dtypes[key][arg.name].add(kind)
     if unknown:
         raise EtbuildError(
@@ -169,14 +171,14 @@ def pinned_selection(
                 f"{label}: {key}: give null (every dtype) or {{dtypes: {{argument: [dtypes]}}}}"
             )
         supported = {a: [DTYPE_TO_NAME[d] for d in ds] for a, ds in opdef.dtypes.items()}
-        scalar_args = {a.name for a in opdef.schema.arguments if _is_scalar(a)}
+        scalar_args = {a.name for a in opdef.schema.arguments if is_scalar_arg(a)}
         given = spec.get("dtypes") or {}
         dtypes = dict(supported) if fill_unlisted else {}
         for arg, names in given.items():
             names = [names] if isinstance(names, str) else list(names)
             allowed = supported.get(arg)
             if allowed is None and arg in scalar_args:
-                allowed = sorted(_SCALAR_KINDS.values())
+                allowed = sorted(SCALAR_KINDS.values())
             if allowed is None:
                 raise EtbuildError(
                     f"{label}: {key} has no tensor or Scalar argument {arg!r}; its arguments "

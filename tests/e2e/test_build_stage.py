@@ -27,7 +27,7 @@ def _stage(run_dir: Path, name: str) -> dict:
 @pytest.fixture(scope="session")
 def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("build_mlp")
-    build_in_process(MLP, run_dir, wheel=True)
+    build_in_process(MLP, run_dir, wheel=True, all_ops=True)
     return run_dir
 
 
@@ -78,7 +78,7 @@ def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) 
     assert _stage(mlp_build, "build")["summary"]["cache"] in ("miss", "hit")
     cache = Path(os.environ["ETBUILD_CACHE_DIR"])
     before = {p: p.stat().st_mtime_ns for p in cache.rglob("*")}
-    build_in_process(MLP, tmp_path / "again", wheel=True)
+    build_in_process(MLP, tmp_path / "again", wheel=True, all_ops=True)
     summary = _stage(tmp_path / "again", "build")["summary"]
     assert summary["cache"] == "hit"
     assert summary["key"] == _stage(mlp_build, "build")["summary"]["key"]
