@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -36,16 +37,29 @@ def check_supported(cfg: DictConfig) -> None:
 def build(cfg: DictConfig, run_dir: Path) -> None:
     """Run the pipeline for a composed config into ``run_dir``."""
     from .runner import run_stages
-    from .stage_cache import StageCache, cache_root, stage_cache_key
+    from .stage_cache import StageCache, cache_root, prune, stage_cache_key
     from .stages import STAGES
 
     cfg = validate(cfg)
     check_supported(cfg)
     stop = cfg.pipeline.stop_after
-    cache = StageCache(cache_root(cfg), stage_cache_key(cfg)) if cfg.pipeline.cache else None
-    run_stages(
+    root = cache_root(cfg)
+    cache = StageCache(root, stage_cache_key(cfg)) if cfg.pipeline.cache else None
+    started = time.time()
+    ctx = run_stages(
         STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, cache=cache
     )
+    limit = cfg.build.cache_max_gb
+    if limit is not None:
+        used = {cache.entry} if cache is not None else set()
+        if "build_cache_entry" in ctx.artifacts:
+            used.add(ctx.artifacts["build_cache_entry"])
+        removed, freed = prune(root, int(limit * 1e9), keep=used, keep_since=started)
+        if removed:
+            print(
+                f"etbuild: cache: removed {removed} least recently used entries "
+                f"({freed / 1e6:.1f} MB) to stay under build.cache_max_gb={limit:g}"
+            )
 
 
 def main() -> None:

@@ -287,9 +287,13 @@ class BuildConfig:
     also links an all-ops runner for the size report's comparison. ``wheel``: for the host
     target, the build also makes ``runtime/wheel/etbuild_runtime-*.whl``, the Python module
     with only the selected kernels (``import etbuild_runtime``); other targets have no wheel.
+    ``cache_max_gb``: after a run, the least recently used cache entries (runtime builds and
+    stage results; never this run's) are removed until the cache is this small (null: no
+    limit).
     """
 
     cache_dir: str | None = None
+    cache_max_gb: float | None = 10.0
     size_budget_kb: float | None = None
     compare_all_ops: bool = True
     wheel: bool = True

@@ -136,6 +136,45 @@ def stage_cache_key(cfg: DictConfig) -> str:
     return h.hexdigest()[:32]
 
 
+def mark_used(entry: Path) -> None:
+    """Record that a cache entry (a stage-cache or build-cache folder) was just used."""
+    os.utime(entry)
+
+
+def _entry_bytes(entry: Path) -> int:
+    return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+
+
+def prune(root: Path, max_bytes: int, keep: set[Path], keep_since: float) -> tuple[int, int]:
+    """Remove the least recently used entries of ``root/stages`` and ``root/builds`` until the
+    cache holds at most ``max_bytes``; ``keep`` (this run's entries) and entries used at or
+    after ``keep_since`` (a concurrent run's) stay. Returns (entries removed, bytes freed)."""
+    entries = [
+        e
+        for kind in ("stages", "builds")
+        if (root / kind).is_dir()
+        for e in (root / kind).iterdir()
+        if e.is_dir() and not e.name.startswith(".")  # not an entry being written
+    ]
+    sized = sorted(((e.stat().st_mtime, _entry_bytes(e), e) for e in entries), key=lambda t: t[0])
+    total = sum(size for _, size, _ in sized)
+    removed = freed = 0
+    for used, size, entry in sized:
+        if total <= max_bytes:
+            break
+        if entry in keep or used >= keep_since:
+            continue
+        doomed = entry.with_name(f".{entry.name}.removing")
+        try:
+            os.replace(entry, doomed)  # readers see the entry whole or not at all
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        total -= size
+        removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
 @dataclass
 class CachedPrefix:
     """A cache hit: the stages' manifest records, their passed-on artifacts, their files."""
@@ -153,7 +192,7 @@ class StageCache:
         self.entry = root / "stages" / key
 
     def load(self) -> CachedPrefix | None:
-        """The stored results, or None when absent or damaged."""
+        """The stored results, or None when absent or damaged. A hit marks the entry used."""
         try:
             doc = json.loads((self.entry / "entry.json").read_text())
             files = {}
@@ -163,6 +202,7 @@ class StageCache:
                     if _file_digest(path) != digest:
                         return None
                     files[name] = path
+            mark_used(self.entry)
             return CachedPrefix(doc["records"], doc["artifacts"], files)
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -32,7 +32,7 @@ from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
 from ..runner import Context, sha256_file
-from ..stage_cache import cache_root, tree_digest
+from ..stage_cache import cache_root, mark_used, tree_digest
 from ..toolchain import Toolchain, resolve
 
 CODEGEN_DIR = PACKAGE_ROOT / "codegen"
@@ -271,11 +271,14 @@ def run(ctx: Context) -> None:
     entry = cache_root(cfg) / "builds" / key
     ctx.note_read("build_cache_key", key)
     hit = (entry / "sizes.json").is_file()
-    if not hit:
+    if hit:
+        mark_used(entry)
+    else:
         build_into_cache(cfg, tc, ctx.run_dir / "selected_operators.yaml", entry)
     sizes = json.loads((entry / "sizes.json").read_text())
     ctx.current.writes.update(copy_runtime(ctx, entry / "install"))
     ctx.artifacts["toolchain"] = tc
+    ctx.artifacts["build_cache_entry"] = entry
     ctx.artifacts["runtime_sizes"] = sizes
     ctx.artifacts["runner"] = ctx.run_dir / "runtime" / "bin" / "etb_runner"
     ctx.summarize(

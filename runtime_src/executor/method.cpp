@@ -208,12 +208,17 @@ bool reads_moved_value(const Method::Instr* instrs, size_t n, const Method::Inst
 
 // Runs each kernel call's generated argument check (value types, dtypes this runtime is built
 // with, tensor layout) once, so that a program needing a kernel path the build left out fails
-// at load. Calls reading a moved value are checked when they run (the boxed kernel runs the
-// same check before every call).
+// at load, with every distinct problem in one message (the first instruction of each). Calls
+// reading a moved value are checked when they run (the boxed kernel runs the same check before
+// every call).
 Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t n,
                          const char* const* op_names, const EValue* values) {
   bool has_moves = false;
   for (size_t i = 0; i < n; ++i) has_moves = has_moves || instrs[i].kind == Method::Kind::Move;
+  char problems[1024];
+  size_t len = 0, num_failed = 0, num_listed = 0;
+  Error first = Error::Ok;
+  problems[0] = '\0';
   for (size_t i = 0; i < n; ++i) {
     const Method::Instr& in = instrs[i];
     if (in.kind != Method::Kind::Kernel) continue;
@@ -221,12 +226,19 @@ Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t
     const Kernel* k = find_kernel_entry(op_names[in.a]);
     if (k == nullptr || k->check == nullptr) continue;
     Error e = k->check(Span<EValue*>(in.args, in.num_args), /*at_load=*/true);
-    if (e != Error::Ok) {
-      prefix_error_message("method '%s': instruction %zu: ", method, i);
-      return e;
-    }
+    if (e == Error::Ok) continue;
+    ++num_failed;
+    if (first == Error::Ok) first = e;
+    const char* msg = last_error_message();
+    if (strstr(problems, msg) != nullptr) continue;  // the same problem at another call
+    ++num_listed;
+    int w = snprintf(problems + len, sizeof(problems) - len, "%sinstruction %zu: %s",
+                     len ? "; " : "", i, msg);
+    if (w > 0) len = len + size_t(w) < sizeof(problems) ? len + size_t(w) : sizeof(problems) - 1;
   }
-  return Error::Ok;
+  if (num_failed == 0) return Error::Ok;
+  if (num_failed == num_listed) return fail(first, "method '%s': %s", method, problems);
+  return fail(first, "method '%s': %s (%zu kernel calls in all)", method, problems, num_failed);
 }
 
 }  // namespace

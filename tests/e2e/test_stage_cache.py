@@ -151,3 +151,28 @@ def test_the_model_source_file_is_part_of_the_key(tmp_path: Path, monkeypatch) -
         runs.append(run_dir)
     assert [_cache_hit(r) for r in runs] == [False, True, False]
     assert "cache=hit" in (runs[1] / "report.md").read_text()
+
+
+def test_the_cache_stays_under_its_size_limit(tmp_path: Path, capsys) -> None:
+    """build.cache_max_gb: after a run, least recently used entries go; this run's stay."""
+    cache = tmp_path / "cache"
+    common = [
+        f"build.cache_dir={cache}",
+        "pipeline.stop_after=reference",  # the whole cached prefix, no runtime build
+        "build.cache_max_gb=0.0002",  # 200 kB: less than one MLP entry (model.pte is 341 kB)
+    ]
+    build_in_process(["model=mlp", "model.seed=11", *common], tmp_path / "a", stage_cache=True)
+    first = {p.name for p in (cache / "stages").iterdir()}
+    assert first == {_manifest(tmp_path / "a")["stage_cache"]["key"]}  # over the limit, but used
+    capsys.readouterr()
+    build_in_process(["model=mlp", "model.seed=12", *common], tmp_path / "b", stage_cache=True)
+    second = {p.name for p in (cache / "stages").iterdir()}
+    assert second == {_manifest(tmp_path / "b")["stage_cache"]["key"]}
+    assert "removed 1 least recently used entries" in capsys.readouterr().out
+    # No limit: nothing is removed.
+    build_in_process(
+        ["model=mlp", "model.seed=11", *common, "build.cache_max_gb=null"],
+        tmp_path / "c",
+        stage_cache=True,
+    )
+    assert len(list((cache / "stages").iterdir())) == 2

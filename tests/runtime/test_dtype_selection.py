@@ -173,7 +173,7 @@ class Add(torch.nn.Module):
 
 
 def _etbt(path: Path, t: torch.Tensor) -> Path:
-    code = {torch.float32: 6, torch.int64: 4}[t.dtype]
+    code = {torch.float32: 6, torch.int64: 4, torch.int32: 3}[t.dtype]
     head = b"ETBT" + struct.pack("<III", 1, code, t.dim()) + struct.pack(f"<{t.dim()}q", *t.shape)
     path.write_bytes(head + t.contiguous().numpy().tobytes())
     return path
@@ -212,6 +212,27 @@ def test_unselected_dtype_is_refused_at_load(float_add_runtime, add_programs):
     # "init" is Program::load_method: the program never started executing.
     assert res.stderr.strip() == LONG_ADD_AT_LOAD
     assert res.stdout == ""
+
+
+class TwoAdds(torch.nn.Module):
+    """Long and Int adds, then a second Long add: two distinct problems, three calls."""
+
+    def forward(self, a, b):
+        return (a + a) + a, b + b
+
+
+def test_every_unselected_dtype_is_reported_at_once(float_add_runtime, tmp_path):
+    a = torch.arange(6).reshape(2, 3)
+    b = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    pte = build_with_pipeline(TwoAdds(), [a, b], tmp_path / "run")
+    res = _run(float_add_runtime / "etb_runner", pte, [_etbt(tmp_path / "a.etbt", a),
+               _etbt(tmp_path / "b.etbt", b)])  # fmt: skip
+    assert res.returncode == 1
+    err = res.stderr.strip()
+    assert err.startswith("etb_runner: init: method 'forward': instruction ")
+    assert err.count("which this runtime was not built with") == 2, err
+    assert "argument 'self' has dtype Long" in err and "argument 'self' has dtype Int" in err
+    assert err.endswith("(3 kernel calls in all)"), err
 
 
 def test_selected_dtype_runs(float_add_runtime, add_programs):
