@@ -85,16 +85,25 @@ class ProgramFile:
 
 
 def read(data: bytes) -> ProgramFile:
-    """Parse a .pte file, checking the identifier, the header and the segment bounds."""
-    if len(data) < 8 + HEADER_LENGTH or data[4:8] != FILE_IDENTIFIER:
+    """Parse a .pte file, checking the identifier, the header and the segment bounds.
+
+    The extended header is optional (ExecuTorch leaves it out of programs with no segments);
+    without it the file is the flatbuffer alone and has no segment data."""
+    if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
         raise EtbuildError("not an ExecuTorch program: the file identifier ET12 is missing")
-    magic, length, program_size, base, seg_size = _HEADER.unpack_from(data, 8)
-    if magic != HEADER_MAGIC or length < HEADER_LENGTH:
-        raise EtbuildError("malformed program: the extended header is missing or corrupt")
-    if program_size > len(data) or base + seg_size > len(data) or base < program_size:
-        raise EtbuildError("malformed program: the header points past the end of the file")
+    if len(data) >= 8 + HEADER_LENGTH and data[8:12] == HEADER_MAGIC:
+        _, length, program_size, base, seg_size = _HEADER.unpack_from(data, 8)
+        if length < HEADER_LENGTH:
+            raise EtbuildError("malformed program: the extended header is corrupt")
+        if program_size > len(data) or base + seg_size > len(data) or base < program_size:
+            raise EtbuildError("malformed program: the header points past the end of the file")
+    else:
+        base, seg_size = len(data), 0
     mod = check_schema_installed()
-    program = mod.ProgramT.InitFromObj(mod.Program.GetRootAs(data, 0))
+    try:
+        program = mod.ProgramT.InitFromObj(mod.Program.GetRootAs(data, 0))
+    except Exception as exc:  # the flatbuffers runtime raises struct/index/unicode errors
+        raise EtbuildError(f"malformed program: its flatbuffer cannot be read ({exc})") from None
     for seg in program.segments or []:
         if seg.offset + seg.size > seg_size:
             raise EtbuildError("malformed program: a segment lies outside the segment data")

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from etbuild_test_support import build_in_process, run_cli
 
@@ -166,3 +167,67 @@ def test_pinned_kernel_set_errors(tmp_path: Path, operators: str, message: str) 
     assert message in out, out
     assert "Traceback" not in out
     assert "[1/" not in proc.stdout  # refused before any stage ran
+
+
+class _LinearReluScale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2.0
+
+
+class _Sine(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(x)
+
+
+def _executorch_program(module: torch.nn.Module, path: Path) -> Path:
+    """``module`` exported by the executorch package (the oracle), no delegate."""
+    pytest.importorskip("executorch")
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    ep = torch.export.export(module.eval(), (torch.randn(2, 8),))
+    edge = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    path.write_bytes(edge.to_executorch().buffer)
+    return path
+
+
+def test_an_executorch_program_joins_the_selection(tmp_path: Path) -> None:
+    other = _executorch_program(_LinearReluScale(), tmp_path / "et.pte")
+    run_dir = tmp_path / "run"
+    build_in_process(
+        ["model=mlp", f"selection.programs=[{other}]", "pipeline.stop_after=select"], run_dir
+    )
+    sel = _selection(run_dir)
+    # The MLP's own ops plus what ExecuTorch emitted for linear, relu and the scalar multiply.
+    assert {"aten::addmm.out", "aten::relu.out", "aten::permute_copy.out", "aten::mul.out"} <= set(
+        sel
+    )
+    assert sel["aten::mul.out"]["dtypes"]["other"] == ["Float"]
+
+
+def test_a_program_with_an_operator_the_runtime_lacks(tmp_path: Path) -> None:
+    other = _executorch_program(_Sine(), tmp_path / "sine.pte")
+    proc = run_cli(
+        ["model=mlp", f"selection.programs=[{other}]", f"hydra.run.dir={tmp_path}/run"], tmp_path
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert (
+        f"selection.programs: {other} uses operators that ops_yaml has no kernel for: "
+        "aten::sin.out" in out
+    ), out
+    assert "[1/" not in proc.stdout
+
+
+def test_a_garbled_program_file_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    from etbuild.pipeline.errors import EtbuildError
+    from etbuild.pipeline.ops import load_ops
+    from etbuild.pipeline.stages.select import program_file_selection
+
+    garbled = tmp_path / "garbled.pte"
+    garbled.write_bytes(b"\xff\xff\xff\x7fET12" + b"\0" * 64)  # root offset past the end
+    with pytest.raises(EtbuildError, match=r"garbled.pte: malformed program: its flatbuffer"):
+        program_file_selection(str(garbled), load_ops())
