@@ -52,8 +52,7 @@ def build(cfg: DictConfig, run_dir: Path) -> None:
     limit = cfg.build.cache_max_gb
     if limit is not None:
         used = {cache.entry} if cache is not None else set()
-        if "build_cache_entry" in ctx.artifacts:
-            used.add(ctx.artifacts["build_cache_entry"])
+        used.update(ctx.artifacts.get("build_cache_entries", []))
         removed, freed = prune(root, int(limit * 1e9), keep=used, keep_since=started)
         if removed:
             print(

@@ -89,15 +89,14 @@ def build_in_process(
     run_dir: Path,
     stage_cache: bool = False,
     wheel: bool = False,
-    all_ops: bool = False,
 ):
     """Compose ``overrides`` and build into ``run_dir`` exactly as the command does
     (``etbuild.pipeline.cli.build``); returns the runner's Context (artifacts in memory).
 
     The stage cache is off unless ``stage_cache``: tests read the in-memory artifacts of every
-    stage, which a cache hit does not recreate. The host wheel and the all-ops runner (each
-    compiles the kernels or the Python module once more per selection) are off unless
-    ``wheel`` / ``all_ops``; tests/e2e/test_build_stage.py checks both.
+    stage, which a cache hit does not recreate. The host wheel (it compiles the Python module
+    once more for every selection) is off unless ``wheel``; tests/e2e/test_build_stage.py
+    checks it.
 
     The Context is captured by wrapping ``runner.run_stages``, which ``build`` looks up when
     it runs; a failing build raises as ``build`` does.
@@ -107,7 +106,6 @@ def build_in_process(
     switches = [
         f"pipeline.cache={str(stage_cache).lower()}",
         f"build.wheel={str(wheel).lower()}",
-        f"build.compare_all_ops={str(all_ops).lower()}",
     ]
     cfg = compose_config([*overrides, *switches])
     real = runner.run_stages

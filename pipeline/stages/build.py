@@ -1,11 +1,17 @@
 """The `build` stage: the runtime with only the selected kernels, for the target's toolchain.
 
 Configures and builds ``runtime_src/`` with CMake + Ninja (``ETB_SELECTED_OPS`` = this run's
-selected_operators.yaml) into a cache directory keyed by a hash of the runtime sources,
-ops_yaml, codegen, the selection, the toolchain and the flags. A second identical build, or a
-sweep job with the same selection, reuses the cached build and compiles nothing. The cache
+selected_operators.yaml; for the host through scikit-build-core, which also packs the wheel
+``runtime/wheel/etbuild_runtime-*.whl``) into a cache directory keyed by a hash of the
+runtime sources, ops_yaml, codegen, the selection, the toolchain and the flags. A second
+identical build, or a sweep job with the same selection, reuses the cached build and compiles
+nothing. The cache
 entry is built in a temporary folder and renamed into place, and the run's ``runtime/`` folder
 is copied the same way, so neither is ever half-written.
+
+With ``build.compare_all_ops`` the report compares against the all-ops runtime: a build with
+every kernel, which depends only on the toolchain and flags, so one cached baseline build
+serves every selection.
 
 ``runtime/`` holds ``lib/`` (libetb_runtime.a: the core; libetb_kernels.a: the selected
 kernels and their registration), ``include/``, ``bin/etb_runner`` and
@@ -44,7 +50,7 @@ def cmake_args(cfg, tc: Toolchain) -> list[str]:
     args = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DETB_BUILD_RUNNER=ON",
-        f"-DETB_ALL_OPS_RUNNER={'ON' if cfg.build.compare_all_ops else 'OFF'}",
+        "-DETB_ALL_OPS_RUNNER=OFF",  # the all-ops baseline is a build of its own (run())
         f"-DETB_OPS_YAML_DIR={OPS_YAML_DIR}",
         f"-DETB_CODEGEN_DIR={CODEGEN_DIR}",
         f"-DPython_EXECUTABLE={sys.executable}",
@@ -52,16 +58,17 @@ def cmake_args(cfg, tc: Toolchain) -> list[str]:
     return args + tc.cmake_args
 
 
-def build_key(cfg, tc: Toolchain, selection: bytes) -> str:
+def build_key(cfg, tc: Toolchain, selection: bytes | None, wheel: bool) -> str:
+    """The build cache key; ``selection`` None: the all-ops baseline (every kernel)."""
     h = hashlib.sha256()
     h.update(f"etbuild {__version__}\0".encode())
     tree_digest(h, RUNTIME_SRC_DIR, ("**/*",))
     tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
     tree_digest(h, CODEGEN_DIR, ("*.py",))
     h.update(Path(__file__).read_bytes())  # how the build is driven (wheel, install)
-    if wants_wheel(cfg, tc):
+    if wheel:
         h.update(f"wheel for python {sys.version}\0".encode())
-    h.update(b"selection\0" + selection)
+    h.update(b"all ops\0" if selection is None else b"selection\0" + selection)
     # Paths that differ between installs but not in effect are left out of the flags.
     flags = [
         a
@@ -129,7 +136,7 @@ def firmware_size(tc: Toolchain, image: Path) -> dict[str, int]:
     return {"text": text, "data": data, "bss": bss, "flash": text + data, "ram": data + bss}
 
 
-def measure(tc: Toolchain, build_dir: Path, tmp: Path, all_ops: bool) -> dict:
+def measure(tc: Toolchain, build_dir: Path, tmp: Path) -> dict:
     # Bare metal (tc.size): etb_size_test and etb_runner are firmware images (no kernels; the
     # selected ones); the core is what the image without kernels takes in flash.
     bare_metal = bool(tc.size)
@@ -142,22 +149,24 @@ def measure(tc: Toolchain, build_dir: Path, tmp: Path, all_ops: bool) -> dict:
     sizes.update(tailored)
     sizes["tailored_bytes"] = core + tailored["kernels_bytes"] + tailored["registration_bytes"]
     sizes["runner_stripped_bytes"] = _stripped_size(tc, build_dir / "etb_runner", tmp)
-    if all_ops:
-        full = classify(symbol_sizes(tc, build_dir / "etb_runner_all_ops"))
-        sizes["all_ops_kernels_bytes"] = full["kernels_bytes"]
-        sizes["all_ops_registration_bytes"] = full["registration_bytes"]
-        sizes["all_ops_bytes"] = core + full["kernels_bytes"] + full["registration_bytes"]
-        sizes["all_ops_runner_stripped_bytes"] = _stripped_size(
-            tc, build_dir / "etb_runner_all_ops", tmp
-        )
     if bare_metal:
         image = firmware_size(tc, build_dir / "etb_runner")
         sizes.update({f"{k}_bytes": v for k, v in image.items()})
         sizes["core_ram_bytes"] = firmware_size(tc, build_dir / "etb_size_test")["ram"]
-        if all_ops:
-            full_image = firmware_size(tc, build_dir / "etb_runner_all_ops")
-            sizes["all_ops_flash_bytes"] = full_image["flash"]
     return sizes
+
+
+def baseline_sizes(full: dict) -> dict:
+    """The all-ops build's sizes as the ``all_ops_*`` comparison fields of a tailored build."""
+    out = {
+        "all_ops_kernels_bytes": full["kernels_bytes"],
+        "all_ops_registration_bytes": full["registration_bytes"],
+        "all_ops_bytes": full["tailored_bytes"],
+        "all_ops_runner_stripped_bytes": full["runner_stripped_bytes"],
+    }
+    if "flash_bytes" in full:
+        out["all_ops_flash_bytes"] = full["flash_bytes"]
+    return out
 
 
 WHEEL_PACKAGE = "etbuild_runtime"
@@ -207,16 +216,21 @@ def build_wheel(defines: list[str], key: str, build_dir: Path, wheel_dir: Path, 
     return next(wheel_dir.glob("*.whl"))
 
 
-def build_into_cache(cfg, tc: Toolchain, selection_path: Path, entry: Path) -> None:
-    """Configure, build and install into a temporary folder, then rename it to ``entry``."""
+def build_into_cache(
+    cfg, tc: Toolchain, selection_path: Path | None, entry: Path, wheel: bool
+) -> None:
+    """Configure, build and install into a temporary folder, then rename it to ``entry``.
+    ``selection_path`` None: every kernel (the all-ops baseline)."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
     try:
         build_dir, install_dir, log = tmp / "build", tmp / "install", tmp / "build.log"
-        shutil.copy2(selection_path, tmp / "selected_operators.yaml")
         cmake = shutil.which("cmake") or "cmake"
-        defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *cmake_args(cfg, tc)]
-        if wants_wheel(cfg, tc):
+        defines = cmake_args(cfg, tc)
+        if selection_path is not None:
+            shutil.copy2(selection_path, tmp / "selected_operators.yaml")
+            defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *defines]
+        if wheel:
             build_wheel(defines, entry.name, build_dir, install_dir / "wheel", log)
         else:
             _run(
@@ -230,7 +244,7 @@ def build_into_cache(cfg, tc: Toolchain, selection_path: Path, entry: Path) -> N
             log,
             "installing the runtime",
         )
-        sizes = measure(tc, build_dir, tmp, bool(cfg.build.compare_all_ops))
+        sizes = measure(tc, build_dir, tmp)
         (tmp / "sizes.json").write_text(json.dumps(sizes, indent=2) + "\n")
         shutil.rmtree(build_dir)  # the cache keeps what a run copies, not the objects
         try:
@@ -241,6 +255,19 @@ def build_into_cache(cfg, tc: Toolchain, selection_path: Path, entry: Path) -> N
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_build(
+    cfg, tc: Toolchain, key: str, selection_path: Path | None, wheel: bool
+) -> tuple[Path, bool]:
+    """The build cache entry of ``key``, built now unless present; (entry, was it a hit)."""
+    entry = cache_root(cfg) / "builds" / key
+    hit = (entry / "sizes.json").is_file()
+    if hit:
+        mark_used(entry)
+    else:
+        build_into_cache(cfg, tc, selection_path, entry, wheel)
+    return entry, hit
 
 
 def copy_runtime(ctx: Context, src: Path) -> dict[str, str]:
@@ -267,18 +294,21 @@ def run(ctx: Context) -> None:
     cfg = ctx.cfg
     tc = resolve(cfg.target, need_run=cfg.pipeline.verify.enabled)
     selection = ctx.read("selected_operators.yaml")
-    key = build_key(cfg, tc, selection)
-    entry = cache_root(cfg) / "builds" / key
+    wheel = wants_wheel(cfg, tc)
+    key = build_key(cfg, tc, selection, wheel)
     ctx.note_read("build_cache_key", key)
-    hit = (entry / "sizes.json").is_file()
-    if hit:
-        mark_used(entry)
-    else:
-        build_into_cache(cfg, tc, ctx.run_dir / "selected_operators.yaml", entry)
+    entry, hit = cached_build(cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel)
     sizes = json.loads((entry / "sizes.json").read_text())
+    used = [entry]
+    if cfg.build.compare_all_ops:
+        # The all-ops runtime does not depend on the selection: one baseline build per
+        # toolchain and flags serves every selection.
+        base, _ = cached_build(cfg, tc, build_key(cfg, tc, None, False), None, False)
+        sizes = {**sizes, **baseline_sizes(json.loads((base / "sizes.json").read_text()))}
+        used.append(base)
     ctx.current.writes.update(copy_runtime(ctx, entry / "install"))
     ctx.artifacts["toolchain"] = tc
-    ctx.artifacts["build_cache_entry"] = entry
+    ctx.artifacts["build_cache_entries"] = used
     ctx.artifacts["runtime_sizes"] = sizes
     ctx.artifacts["runner"] = ctx.run_dir / "runtime" / "bin" / "etb_runner"
     ctx.summarize(
