@@ -284,9 +284,10 @@ class BuildConfig:
     ``~/.cache/etbuild``; runtime builds in ``builds/``, stage results in ``stages/``), keyed by
     the sources, the selection, the toolchain and the flags. ``size_budget_kb`` fails the build
     when the tailored runtime (core + kernels + registration) is larger. ``compare_all_ops``
-    also links an all-ops runner for the size report's comparison. ``wheel``: for the host
-    target, the build also makes ``runtime/wheel/etbuild_runtime-*.whl``, the Python module
-    with only the selected kernels (``import etbuild_runtime``); other targets have no wheel.
+    compares with the all-ops runtime in the size report (one cached build per toolchain and
+    flags). ``wheel``: for the host target, the build also makes
+    ``runtime/wheel/etbuild_runtime-*.whl``, the Python module with only the selected kernels
+    (``import etbuild_runtime``); other targets have no wheel.
     ``cache_max_gb``: after a run, the least recently used cache entries (runtime builds and
     stage results; never this run's) are removed until the cache is this small (null: no
     limit).
