@@ -206,6 +206,108 @@ def test_conv2d_ties_round_half_to_even(rt, pipeline_program):
     run_exact(rt, pipeline_program, module, [x])
 
 
+# ---- depthwise conv2d: the direct path (square 3x3 / 5x5, stride 1 or 2, no dilation) ------
+
+
+def depthwise_case(seed: int) -> tuple[dict, torch.Tensor]:
+    """A depthwise conv the direct path takes: widths below, within and above one SIMD
+    vector, channel counts that are no multiple of a vector, padding 0 up to k - 1."""
+    rng = random.Random(1000 + seed)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    k = [3, 3, 5][seed % 3]
+    s = [1, 2][(seed // 3) % 2]
+    ph = rng.choice([0, 1, 1, k - 1])
+    pw = rng.choice([0, 1, 1, k - 1])
+    c = rng.choice([1, 3, 8, 17, 33])
+    mult = rng.choice([1, 1, 1, 2])  # output channels per input channel
+    h = max(1, k - 2 * ph) + rng.choice([0, 1, 4, 7, 12])
+    w = max(1, k - 2 * pw) + rng.choice([0, 2, 5, 6, 9, 14, 15, 16, 23, 40])
+    x = i8((rng.choice([1, 2]), c, h, w), gen)
+    ozp, lo, hi = out_params(rng)
+    args = dict(
+        xs=rng.uniform(0.01, 0.1),
+        xzp=rng.choice([-128, -7, 0, 12, 127]),
+        w=i8((c * mult, 1, k, k), gen, -128, 127),
+        ws=weight_scales(rng, gen, c * mult),
+        b=None if rng.random() < 0.3 else torch.randn(c * mult, generator=gen),
+        stride=[s, s],
+        padding=[ph, pw],
+        dilation=[1, 1],
+        groups=c,
+        os=rng.uniform(0.02, 0.3),
+        ozp=ozp,
+        lo=lo,
+        hi=hi,
+    )
+    return args, x
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_conv2d_depthwise_direct_randomized(rt, pipeline_program, seed):
+    args, x = depthwise_case(seed)
+    run_exact(rt, pipeline_program, conv_module(args), [x])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # (N, C, H, W, channel multiplier, k, stride, pad, clamp): MobileNetV2's layers and edges
+        (1, 32, 112, 112, 1, 3, 1, 1, "relu6"),
+        (1, 96, 112, 112, 1, 3, 2, 1, "relu6"),
+        (1, 144, 28, 28, 1, 3, 2, 1, "relu"),
+        (1, 960, 7, 7, 1, 3, 1, 1, "relu6"),
+        (2, 5, 9, 8, 1, 3, 1, 0, "plain"),  # a row of exactly 8 and of 16 output columns
+        (1, 7, 17, 33, 1, 3, 2, 0, "plain"),  # odd sizes, no padding
+        (1, 3, 16, 16, 2, 3, 1, 1, "relu"),  # a row of exactly 16
+        (1, 6, 1, 1, 1, 3, 1, 1, "plain"),  # one pixel: all but one tap is padding
+        (1, 4, 2, 3, 1, 3, 2, 2, "plain"),  # outputs that see only padding
+        (1, 9, 19, 21, 1, 5, 2, 2, "relu6"),
+        (2, 11, 13, 6, 3, 5, 1, 4, "plain"),
+    ],
+)
+def test_conv2d_depthwise_direct_paths(rt, pipeline_program, shape):
+    n, c, h, w, mult, k, s, p, clamp = shape
+    gen = torch.Generator().manual_seed(sum(shape[:-1]))
+    rng = random.Random(sum(shape[:-1]))
+    lo, hi = {"plain": (-128, 127), "relu": (-5, 127), "relu6": (-5, 70)}[clamp]
+    args = dict(xs=0.03, xzp=-5 if clamp == "plain" else -128,
+                w=i8((c * mult, 1, k, k), gen, -127, 127), ws=weight_scales(rng, gen, c * mult),
+                b=torch.randn(c * mult, generator=gen), stride=[s, s], padding=[p, p],
+                dilation=[1, 1], groups=c, os=0.05, ozp=-5, lo=lo, hi=hi)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)])
+
+
+def test_conv2d_depthwise_extreme_values(rt, pipeline_program):
+    """|x - zp| = 255 against weights of -128 and 127: the largest int16 products and pair sums."""
+    gen = torch.Generator().manual_seed(7)
+    c = 19
+    pick = torch.rand(2, c, 23, 29, generator=gen) < 0.5
+    x = torch.where(pick, -128, 127).to(torch.int8)
+    w = torch.where(torch.rand(c, 1, 3, 3, generator=gen) < 0.5, -128, 127).to(torch.int8)
+    for zp, s in ((127, 1), (-128, 2)):
+        args = dict(xs=0.02, xzp=zp, w=w, ws=torch.full((c,), 1e-3), b=None, stride=[s, s],
+                    padding=[1, 1], dilation=[1, 1], groups=c, os=0.1, ozp=0, lo=-128,
+                    hi=127)  # fmt: skip
+        run_exact(rt, pipeline_program, conv_module(args), [x])
+
+
+@pytest.mark.parametrize(
+    "stride, padding, dilation, k",
+    [([2, 1], [1, 1], [1, 1], 3), ([1, 1], [2, 2], [2, 2], 3), ([3, 3], [1, 1], [1, 1], 3),
+     ([1, 1], [1, 1], [1, 1], 7), ([1, 1], [3, 0], [1, 1], 3)],
+)  # fmt: skip
+def test_conv2d_depthwise_other_shapes_take_the_general_path(
+    rt, pipeline_program, stride, padding, dilation, k
+):
+    gen = torch.Generator().manual_seed(k + sum(stride) + sum(padding))
+    rng = random.Random(3)
+    c = 10
+    args = dict(xs=0.05, xzp=3, w=i8((c, 1, k, k), gen, -127, 127), ws=weight_scales(rng, gen, c),
+                b=torch.randn(c, generator=gen), stride=stride, padding=padding,
+                dilation=dilation, groups=c, os=0.1, ozp=2, lo=-128, hi=127)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [i8((1, c, 15, 17), gen)])
+
+
 # ---- linear ------------------------------------------------------------------------------
 
 

@@ -3,12 +3,15 @@
 //
 // The input zero point is not subtracted per element: sum_k (x - zp) * w is computed as
 // sum_k x * w - zp * sum_k w with the weight row sums taken once per call (im2col pads with
-// zp, whose term then cancels). Three paths:
+// zp, whose term then cancels). Four paths:
 //   - pointwise (1x1, stride 1, no padding): one int8 GEMM per image and group;
-//   - depthwise (one input channel per group, at most 514 taps): direct loops in float32,
-//     which are exact here because every partial sum is an integer below 2^24;
+//   - depthwise (one input channel per group) with a square 3x3 or 5x5 kernel, stride 1 or 2
+//     and no dilation: depthwise.cpp, direct int16 x int16 -> int32 sums (SIMD with AVX2);
+//   - other depthwise (at most 514 taps): direct loops in float32, which are exact here
+//     because every partial sum is an integer below 2^24;
 //   - everything else: im2col column tiles (int8) and the GEMM.
 #include "kernels/portable/geometry.h"
+#include "kernels/quantized/depthwise.h"
 #include "kernels/quantized/qgemm.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
@@ -71,6 +74,12 @@ void depthwise_plane(const ConvShape& s, const float* x, const int8_t* k, float*
 Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                      int8_t* y) {
+  if (depthwise_direct_supported(s)) {
+    Result<void*> tmp = ctx.allocate_temp(depthwise_direct_temp_bytes(s));
+    if (!tmp.ok()) return tmp.error();
+    depthwise_direct(s, x, xzp, w, mult, bias, q, y, tmp.value());
+    return Error::Ok;
+  }
   const int64_t HW = s.H * s.W, P = s.OH * s.OW;
   Result<void*> mem = ctx.allocate_temp(size_t(HW + P) * sizeof(float));
   if (!mem.ok()) return mem.error();

@@ -1,0 +1,266 @@
+// Direct int8 depthwise convolution (see depthwise.h for the shapes it takes).
+//
+// Each input channel is copied once, zero point subtracted, into int16 planes whose padding
+// is explicit zeros, so no tap needs a bounds check and borders cost nothing extra. The output
+// plane is computed flat: output (oh, ow) is element q = oh * QW + ow of a plane of pitch
+// QW >= OW, whose extra columns are computed and dropped, so even a 7x7 plane runs in full
+// vectors. Tap (kh, kw) of output q is R[kh][S * q + kw], R[kh] a row of the padded input:
+//   - stride 1: the padded plane P of pitch Wp = W + 2 pw, QW = Wp, R[kh] = P + kh * Wp;
+//   - stride 2: the even and the odd padded rows as two planes E and O of even pitch
+//     Wp = 2 QW (W + 2 pw rounded up), R[kh] = (kh even ? E : O) + (kh / 2) * Wp.
+// Sums are exact in int32 (|x - zp| <= 255, |w| <= 128, at most 25 taps), so the order of the
+// additions does not matter; the requantization is the float32 sequence of quantize_one.
+//
+// With AVX2, pairs of adjacent taps of a row are multiplied and added in one vpmaddwd (or
+// accumulated with vpdpwssd under AVX512-VNNI): a 32-bit load at R[kh] + S q + 2m holds taps
+// (2m, 2m + 1) of output q (the odd tap of the last pair meets a zero weight). With stride 2
+// the pairs of consecutive outputs are consecutive 32-bit lanes; with stride 1 a load gives
+// every other output, so even and odd outputs are summed apart and interleaved at the end.
+// 16 outputs are requantized in two vectors and stored as 16 bytes into a flat int8 plane,
+// whose valid columns are then copied out. Elsewhere a plain C++ loop does the same sums.
+#include "kernels/quantized/depthwise.h"
+
+#include <cstring>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace etb {
+namespace quantized {
+namespace {
+
+constexpr int64_t kSlack = 64;  // zeroed int16 past each plane: room for vector over-reads
+constexpr int64_t kBlock = 16;  // outputs per vector step
+
+inline size_t align64(size_t n) {
+  return (n + 63) & ~size_t(63);
+}
+
+// Geometry of the padded planes and the flat output plane.
+struct Planes {
+  int64_t S, K, Hp, Wp, QW, nq;  // nq: flat outputs up to the last valid one
+  int64_t rows0, rows1;          // rows of P (stride 1) or of E and O (stride 2)
+};
+
+Planes planes_of(const ConvShape& s) {
+  Planes p;
+  p.S = s.sh;
+  p.K = s.KH;
+  p.Hp = s.H + 2 * s.ph;
+  const int64_t wp = s.W + 2 * s.pw;
+  p.Wp = p.S == 1 ? wp : wp + (wp & 1);
+  p.QW = p.Wp / p.S;
+  p.nq = (s.OH - 1) * p.QW + s.OW;
+  p.rows0 = p.S == 1 ? p.Hp : (p.Hp + 1) / 2;
+  p.rows1 = p.S == 1 ? 0 : p.Hp / 2;
+  return p;
+}
+
+// int16 elements of the padded planes.
+int64_t plane_elems(const Planes& p) {
+  return p.rows0 * p.Wp + kSlack + (p.S == 1 ? 0 : p.rows1 * p.Wp + kSlack);
+}
+
+#if defined(__AVX2__)
+constexpr bool kVector = true;
+
+inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline __m256i load16(const int16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// quantize_one(float(acc) * mu + b, q) on 8 lanes, the same float32 operations in the same
+// order: _mm256_max_ps(r, lo) is r > lo ? r : lo (NaN -> lo), _mm256_min_ps(r, hi) likewise.
+struct QuantV {
+  __m256 mu, b, inv, zp, lo, hi;
+};
+
+inline __m256i requant8(__m256i acc, const QuantV& v) {
+  const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), v.mu), v.b);
+  __m256 r =
+      _mm256_round_ps(_mm256_mul_ps(y, v.inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_add_ps(r, v.zp);
+  r = _mm256_max_ps(r, v.lo);
+  r = _mm256_min_ps(r, v.hi);
+  return _mm256_cvttps_epi32(r);  // integral and within [-128, 127]
+}
+
+// d[i] = src[i] - zp for i < n; the last vector overlaps the previous one instead of a tail.
+inline void widen_row(const int8_t* src, int64_t n, int16_t zp, int16_t* d) {
+  if (n >= 16) {
+    const __m256i z = _mm256_set1_epi16(zp);
+    for (int64_t i = 0;; i += 16) {
+      if (i + 16 > n) i = n - 16;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                          _mm256_sub_epi16(_mm256_cvtepi8_epi16(v), z));
+      if (i + 16 == n) break;
+    }
+  } else if (n >= 8) {
+    const __m128i z = _mm_set1_epi16(zp);
+    for (int64_t i = 0;; i = n - 8) {
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm_sub_epi16(_mm_cvtepi8_epi16(v), z));
+      if (i == n - 8) break;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = int16_t(src[i] - zp);
+  }
+}
+
+// One output channel: flat int8 outputs [0, nq) rounded up to kBlock into `out`.
+template <int K, int S>
+void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, float b,
+                const OutQuant& q, int8_t* out) {
+  constexpr int M = (K + 1) / 2;  // tap pairs per kernel row
+  __m256i wv[K][M];
+  for (int kh = 0; kh < K; ++kh) {
+    for (int m = 0; m < M; ++m) {
+      const uint32_t lo = uint16_t(int16_t(w[kh * K + 2 * m]));
+      const uint32_t hi = 2 * m + 1 < K ? uint16_t(int16_t(w[kh * K + 2 * m + 1])) : 0u;
+      wv[kh][m] = _mm256_set1_epi32(int32_t(lo | (hi << 16)));
+    }
+  }
+  const QuantV v{_mm256_set1_ps(mu),   _mm256_set1_ps(b),    _mm256_set1_ps(q.inv),
+                 _mm256_set1_ps(q.zp), _mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi)};
+  for (int64_t q0 = 0; q0 < nq; q0 += kBlock) {
+    // S == 1: a0 holds outputs q0 + 0, 2, ..., 14 and a1 q0 + 1, 3, ..., 15;
+    // S == 2: a0 holds outputs q0 + 0..7 and a1 q0 + 8..15.
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (int kh = 0; kh < K; ++kh) {
+      const int16_t* r = R[kh] + S * q0;
+      for (int m = 0; m < M; ++m) {
+        a0 = dot_pairs(a0, load16(r + 2 * m), wv[kh][m]);
+        a1 = dot_pairs(a1, load16(r + (S == 1 ? 1 : 16) + 2 * m), wv[kh][m]);
+      }
+    }
+    const __m256i i0 = requant8(a0, v), i1 = requant8(a1, v);
+    __m256i p;  // 16 int16 in output order
+    if (S == 1) {
+      p = _mm256_packs_epi32(_mm256_unpacklo_epi32(i0, i1), _mm256_unpackhi_epi32(i0, i1));
+    } else {
+      p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+    }
+    const __m128i bytes =
+        _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + q0), bytes);
+  }
+}
+
+template <int K, int S>
+void plane(const int16_t* const* R, const Planes& pl, const ConvShape& s, const int8_t* w, float mu,
+           float b, const OutQuant& q, int8_t* flat, int8_t* y) {
+  plane_simd<K, S>(R, pl.nq, w, mu, b, q, flat);
+  // Valid columns out, in 16-byte moves while they stay inside the plane (a move past the
+  // end of a row only writes rows that are copied after it).
+  const int64_t OW = s.OW, P = s.OH * OW, span = (OW + kBlock - 1) / kBlock * kBlock;
+  for (int64_t oh = 0; oh < s.OH; ++oh) {
+    const int8_t* src = flat + oh * pl.QW;
+    int8_t* dst = y + oh * OW;
+    if (oh * OW + span > P) {
+      std::memcpy(dst, src, size_t(OW));
+      continue;
+    }
+    for (int64_t i = 0; i < OW; i += kBlock)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+}
+#else
+constexpr bool kVector = false;
+
+// d[i] = src[i] - zp for i < n.
+inline void widen_row(const int8_t* __restrict src, int64_t n, int16_t zp, int16_t* __restrict d) {
+  for (int64_t i = 0; i < n; ++i) d[i] = int16_t(src[i] - zp);
+}
+
+// One output channel, straight into y: int32 sums for up to kChunk outputs of a row (a loop
+// over outputs that compilers vectorize), then their requantization.
+template <int K, int S>
+void plane(const int16_t* const* R, const Planes& pl, const ConvShape& s, const int8_t* w, float mu,
+           float b, const OutQuant& q, int8_t* /*flat*/, int8_t* y) {
+  constexpr int64_t kChunk = 64;
+  int32_t wk[K * K], acc[kChunk];
+  for (int i = 0; i < K * K; ++i) wk[i] = w[i];
+  for (int64_t oh = 0; oh < s.OH; ++oh) {
+    for (int64_t ow0 = 0; ow0 < s.OW; ow0 += kChunk) {
+      const int64_t n = s.OW - ow0 < kChunk ? s.OW - ow0 : kChunk;
+      const int16_t* rows[K];
+      for (int kh = 0; kh < K; ++kh) rows[kh] = R[kh] + S * (oh * pl.QW + ow0);
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t a = 0;
+        for (int kh = 0; kh < K; ++kh)
+          for (int kw = 0; kw < K; ++kw) a += wk[kh * K + kw] * int32_t(rows[kh][S * j + kw]);
+        acc[j] = a;
+      }
+      int8_t* __restrict yr = y + oh * s.OW + ow0;
+      for (int64_t j = 0; j < n; ++j) yr[j] = quantize_one(float(acc[j]) * mu + b, q);
+    }
+  }
+}
+#endif
+
+using PlaneFn = void (*)(const int16_t* const*, const Planes&, const ConvShape&, const int8_t*,
+                         float, float, const OutQuant&, int8_t*, int8_t*);
+
+PlaneFn plane_fn(int64_t K, int64_t S) {
+  if (K == 3) return S == 1 ? plane<3, 1> : plane<3, 2>;
+  return S == 1 ? plane<5, 1> : plane<5, 2>;
+}
+
+}  // namespace
+
+bool depthwise_direct_supported(const ConvShape& s) {
+  return s.KH == s.KW && (s.KH == 3 || s.KH == 5) && s.sh == s.sw && (s.sh == 1 || s.sh == 2) &&
+         s.dh == 1 && s.dw == 1 && s.ph < s.KH && s.pw < s.KW && s.groups == s.C && s.OH >= 1 &&
+         s.OW >= 1;
+}
+
+size_t depthwise_direct_temp_bytes(const ConvShape& s) {
+  const Planes p = planes_of(s);
+  // The flat outputs, rounded up to whole vectors, and room for the copy's last 16-byte move.
+  const size_t flat = kVector ? size_t((p.nq + kBlock - 1) / kBlock * kBlock + kBlock) : 0;
+  return align64(size_t(plane_elems(p)) * sizeof(int16_t)) + align64(flat);
+}
+
+void depthwise_direct(const ConvShape& s, const int8_t* x, int32_t xzp, const int8_t* w,
+                      const float* mult, const float* bias, const OutQuant& q, int8_t* y,
+                      void* temp) {
+  const Planes p = planes_of(s);
+  int16_t* buf = static_cast<int16_t*>(temp);
+  const int64_t elems = plane_elems(p);
+  int8_t* flat = reinterpret_cast<int8_t*>(temp) + align64(size_t(elems) * sizeof(int16_t));
+  std::memset(buf, 0, size_t(elems) * sizeof(int16_t));  // padding and slack stay zero
+  int16_t* const p0 = buf;                               // P, or E
+  int16_t* const p1 = buf + p.rows0 * p.Wp + kSlack;     // O
+  const int16_t* R[5];
+  for (int64_t kh = 0; kh < p.K; ++kh)
+    R[kh] = p.S == 1 ? p0 + kh * p.Wp : ((kh & 1) ? p1 : p0) + (kh / 2) * p.Wp;
+  const PlaneFn fn = plane_fn(p.K, p.S);
+  const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = p.K * p.K;
+  const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel
+  const int16_t zp = int16_t(xzp);
+  for (int64_t n = 0; n < s.N; ++n) {
+    for (int64_t c = 0; c < s.C; ++c) {
+      const int8_t* xc = x + (n * s.C + c) * HW;
+      for (int64_t ih = 0; ih < s.H; ++ih) {
+        const int64_t r = ih + s.ph;  // padded row
+        int16_t* d = p.S == 1 ? p0 + r * p.Wp : ((r & 1) ? p1 : p0) + (r / 2) * p.Wp;
+        widen_row(xc + ih * s.W, s.W, zp, d + s.pw);
+      }
+      for (int64_t oc = c * mult_ch; oc < (c + 1) * mult_ch; ++oc)
+        fn(R, p, s, w + oc * KK, mult[oc], bias[oc], q, flat, y + (n * s.OC + oc) * P);
+    }
+  }
+}
+
+}  // namespace quantized
+}  // namespace etb
