@@ -100,9 +100,10 @@ def ops_yaml_digest(ops_dir: Path = OPS_YAML_DIR) -> str:
     """A hash of the operator YAML, for the manifest."""
     import hashlib
 
+    from .runner import tree_digest
+
     h = hashlib.sha256()
-    for path in sorted(ops_dir.glob("*.yaml")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    tree_digest(h, ops_dir, ("*.yaml",))
     return h.hexdigest()
 
 

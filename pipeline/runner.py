@@ -20,12 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import EtbuildError
-from .stage_cache import CachedPrefix, StageCache
+
+if TYPE_CHECKING:  # stage_cache imports this module's hashing helpers
+    from .stage_cache import CachedPrefix, StageCache
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -38,6 +40,15 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def tree_digest(h: Any, root: Path, patterns: tuple[str, ...]) -> None:
+    """Feed every file under ``root`` matching ``patterns`` (path and bytes) into ``h``."""
+    for pattern in patterns:
+        for path in sorted(root.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode() + b"\0")
+                h.update(path.read_bytes() + b"\0")
 
 
 _UMASK = os.umask(0)

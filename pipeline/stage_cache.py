@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
 from .paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
+from .runner import sha256_file, tree_digest
 
 # Config settings that only stages after the cached prefix read.
 _LATER_SECTIONS = ("target", "selection", "build")
@@ -55,23 +56,6 @@ def cache_root(cfg: DictConfig) -> Path:
     return Path.home() / ".cache" / "etbuild"
 
 
-def tree_digest(h: Any, root: Path, patterns: tuple[str, ...]) -> None:
-    """Feed every file under ``root`` matching ``patterns`` (path and bytes) into ``h``."""
-    for pattern in patterns:
-        for path in sorted(root.glob(pattern)):
-            if path.is_file() and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode() + b"\0")
-                h.update(path.read_bytes() + b"\0")
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _target_source(target: str | None) -> str:
     """The digest of the file that defines a ``_target_`` ("pkg.module.attr")."""
     if not target:
@@ -83,7 +67,7 @@ def _target_source(target: str | None) -> str:
         spec = None
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         return f"unresolved {target}"  # the model stage will report it; nothing is stored
-    return f"{spec.origin} {_file_digest(Path(spec.origin))}"
+    return f"{spec.origin} {sha256_file(Path(spec.origin))}"
 
 
 def _path_digest(path_text: str | None, pattern: str = "*") -> str:
@@ -91,10 +75,10 @@ def _path_digest(path_text: str | None, pattern: str = "*") -> str:
         return ""
     path = Path(path_text).expanduser()
     if path.is_file():
-        return _file_digest(path)
+        return sha256_file(path)
     if path.is_dir():
         return json.dumps(
-            {p.name: _file_digest(p) for p in sorted(path.glob(pattern)) if p.is_file()}
+            {p.name: sha256_file(p) for p in sorted(path.glob(pattern)) if p.is_file()}
         )
     return f"missing {path_text}"
 
@@ -199,7 +183,7 @@ class StageCache:
             for rec in doc["records"]:
                 for name, digest in rec["writes"].items():
                     path = self.entry / "files" / name
-                    if _file_digest(path) != digest:
+                    if sha256_file(path) != digest:
                         return None
                     files[name] = path
             mark_used(self.entry)

@@ -126,6 +126,40 @@ def build_in_process(
     return captured[0]
 
 
+def stage_record(run_dir: Path, name: str) -> dict:
+    """The manifest.json entry of stage ``name`` of a run."""
+    import json
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return next(s for s in manifest["stages"] if s["name"] == name)
+
+
+def kernels_in_library(library: Path, nm: str = "nm") -> set[str]:
+    """The op keys of ops_yaml whose kernel function ``library`` defines (by ``nm``)."""
+    from etbuild.codegen.gen import load_entries
+    from etbuild.pipeline.paths import OPS_YAML_DIR
+
+    out = subprocess.run(
+        [nm, "-C", "--defined-only", str(library)], check=True, capture_output=True, text=True
+    ).stdout
+    defined = {line.split(" ", 2)[2].split("(")[0] for line in out.splitlines() if " T " in line}
+    return {e.schema.key for e in load_entries(OPS_YAML_DIR) if e.kernel_name in defined}
+
+
+def build_cmake_app(app: Path, *cmake_args: str) -> subprocess.CompletedProcess:
+    """Configure (must succeed) and build the CMake project in ``app`` into ``app/b``; returns
+    the build's result."""
+    import shutil
+
+    cmake = shutil.which("cmake") or "cmake"
+    subprocess.run(
+        [cmake, "-S", str(app), "-B", str(app / "b"), "-G", "Ninja", *cmake_args],
+        check=True,
+        capture_output=True,
+    )
+    return subprocess.run([cmake, "--build", str(app / "b")], capture_output=True, text=True)
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

@@ -37,8 +37,8 @@ from .. import __version__
 from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
-from ..runner import Context, sha256_file
-from ..stage_cache import cache_root, mark_used, tree_digest
+from ..runner import Context, sha256_file, tree_digest
+from ..stage_cache import cache_root, mark_used
 from ..toolchain import Toolchain, resolve
 
 CODEGEN_DIR = PACKAGE_ROOT / "codegen"
@@ -58,17 +58,15 @@ def cmake_args(cfg, tc: Toolchain) -> list[str]:
     return args + tc.cmake_args
 
 
-def build_key(cfg, tc: Toolchain, selection: bytes | None, wheel: bool) -> str:
-    """The build cache key; ``selection`` None: the all-ops baseline (every kernel)."""
+def build_inputs(cfg, tc: Toolchain):
+    """A hash of what every build for this toolchain shares: the etbuild version, the runtime
+    sources, ops_yaml, codegen, this module, the flags and the compiler's identity."""
     h = hashlib.sha256()
     h.update(f"etbuild {__version__}\0".encode())
     tree_digest(h, RUNTIME_SRC_DIR, ("**/*",))
     tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
     tree_digest(h, CODEGEN_DIR, ("*.py",))
     h.update(Path(__file__).read_bytes())  # how the build is driven (wheel, install)
-    if wheel:
-        h.update(f"wheel for python {sys.version}\0".encode())
-    h.update(b"all ops\0" if selection is None else b"selection\0" + selection)
     # Paths that differ between installs but not in effect are left out of the flags.
     flags = [
         a
@@ -76,6 +74,15 @@ def build_key(cfg, tc: Toolchain, selection: bytes | None, wheel: bool) -> str:
         if not a.startswith(("-DETB_OPS_YAML_DIR", "-DETB_CODEGEN_DIR", "-DPython_EXECUTABLE"))
     ]
     h.update(json.dumps({"flags": flags, "toolchain": tc.identity}).encode())
+    return h
+
+
+def build_key(inputs, selection: bytes | None, wheel: bool) -> str:
+    """The build cache key from ``build_inputs``; ``selection`` None: the all-ops baseline."""
+    h = inputs.copy()
+    if wheel:
+        h.update(f"wheel for python {sys.version}\0".encode())
+    h.update(b"all ops\0" if selection is None else b"selection\0" + selection)
     return h.hexdigest()[:24]
 
 
@@ -295,7 +302,8 @@ def run(ctx: Context) -> None:
     tc = resolve(cfg.target, need_run=cfg.pipeline.verify.enabled)
     selection = ctx.read("selected_operators.yaml")
     wheel = wants_wheel(cfg, tc)
-    key = build_key(cfg, tc, selection, wheel)
+    inputs = build_inputs(cfg, tc)
+    key = build_key(inputs, selection, wheel)
     ctx.note_read("build_cache_key", key)
     entry, hit = cached_build(cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel)
     sizes = json.loads((entry / "sizes.json").read_text())
@@ -303,7 +311,7 @@ def run(ctx: Context) -> None:
     if cfg.build.compare_all_ops:
         # The all-ops runtime does not depend on the selection: one baseline build per
         # toolchain and flags serves every selection.
-        base, _ = cached_build(cfg, tc, build_key(cfg, tc, None, False), None, False)
+        base, _ = cached_build(cfg, tc, build_key(inputs, None, False), None, False)
         sizes = {**sizes, **baseline_sizes(json.loads((base / "sizes.json").read_text()))}
         used.append(base)
     ctx.current.writes.update(copy_runtime(ctx, entry / "install"))

@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from etbuild_test_support import build_in_process, run_cli
+from etbuild_test_support import (
+    build_cmake_app,
+    build_in_process,
+    kernels_in_library,
+    run_cli,
+    stage_record,
+)
 
 pytestmark = pytest.mark.e2e
 
 MLP = ["model=mlp"]
-
-
-def _stage(run_dir: Path, name: str) -> dict:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    return next(s for s in manifest["stages"] if s["name"] == name)
 
 
 @pytest.fixture(scope="session")
@@ -29,14 +30,6 @@ def mlp_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("build_mlp")
     build_in_process(MLP, run_dir, wheel=True)
     return run_dir
-
-
-def _kernel_names() -> dict[str, str]:
-    """op key -> kernel function name (etb::ns::name) for every op in ops_yaml."""
-    from etbuild.codegen.gen import load_entries
-    from etbuild.pipeline.paths import OPS_YAML_DIR
-
-    return {e.schema.key: e.kernel_name for e in load_entries(OPS_YAML_DIR)}
 
 
 def test_tailored_library_holds_exactly_the_selected_kernels(mlp_build: Path) -> None:
@@ -51,23 +44,15 @@ def test_tailored_library_holds_exactly_the_selected_kernels(mlp_build: Path) ->
     ):
         assert (runtime / rel).is_file(), rel
     selected = yaml.safe_load((mlp_build / "selected_operators.yaml").read_text())["operators"]
-    kernels = _kernel_names()
-    nm = subprocess.run(
-        ["nm", "-C", "--defined-only", str(runtime / "lib/libetb_kernels.a")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    defined = {line.split(" ", 2)[2].split("(")[0] for line in nm.splitlines() if " T " in line}
-    present = {key for key, name in kernels.items() if name in defined}
+    present = kernels_in_library(runtime / "lib/libetb_kernels.a")
     assert present == set(selected), (sorted(present), sorted(selected))
     # The build stage records every file it wrote in the manifest.
-    writes = _stage(mlp_build, "build")["writes"]
+    writes = stage_record(mlp_build, "build")["writes"]
     assert "runtime/lib/libetb_kernels.a" in writes and "runtime/bin/etb_runner" in writes
 
 
 def test_verify_runs_the_built_runner(mlp_build: Path) -> None:
-    summary = _stage(mlp_build, "verify")["summary"]
+    summary = stage_record(mlp_build, "verify")["summary"]
     assert summary["status"] == "ran"
     report = (mlp_build / "report.md").read_text()
     assert "## Runtime size (host)" in report and "all ops" in report
@@ -75,14 +60,14 @@ def test_verify_runs_the_built_runner(mlp_build: Path) -> None:
 
 
 def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) -> None:
-    assert _stage(mlp_build, "build")["summary"]["cache"] in ("miss", "hit")
+    assert stage_record(mlp_build, "build")["summary"]["cache"] in ("miss", "hit")
     cache = Path(os.environ["ETBUILD_CACHE_DIR"])
     # Files only: a hit marks its entry folder used (the folder's mtime: build.cache_max_gb).
     before = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
     build_in_process(MLP, tmp_path / "again", wheel=True)
-    summary = _stage(tmp_path / "again", "build")["summary"]
+    summary = stage_record(tmp_path / "again", "build")["summary"]
     assert summary["cache"] == "hit"
-    assert summary["key"] == _stage(mlp_build, "build")["summary"]["key"]
+    assert summary["key"] == stage_record(mlp_build, "build")["summary"]["key"]
     after = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
     assert after == before  # nothing was rebuilt or rewritten
     assert (tmp_path / "again/runtime/lib/libetb_kernels.a").read_bytes() == (
@@ -165,22 +150,8 @@ def test_find_package_from_an_application(mlp_build: Path, tmp_path: Path) -> No
         '  std::printf("methods=%zu\\n", program->num_methods());\n'
         "  return 0;\n}\n"
     )
-    cmake = shutil.which("cmake")
-    subprocess.run(
-        [
-            cmake,
-            "-S",
-            str(app),
-            "-B",
-            str(app / "b"),
-            "-G",
-            "Ninja",
-            f"-DCMAKE_PREFIX_PATH={mlp_build / 'runtime'}",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run([cmake, "--build", str(app / "b")], check=True, capture_output=True)
+    built = build_cmake_app(app, f"-DCMAKE_PREFIX_PATH={mlp_build / 'runtime'}")
+    assert built.returncode == 0, built.stdout + built.stderr
     proc = subprocess.run(
         [str(app / "b/app"), str(mlp_build / "model.pte")], capture_output=True, text=True
     )
@@ -193,7 +164,7 @@ def test_find_package_from_an_application(mlp_build: Path, tmp_path: Path) -> No
 )
 def test_linux_aarch64_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     build_in_process([*MLP, "+target=linux_aarch64"], tmp_path / "run")
-    summary = _stage(tmp_path / "run", "verify")["summary"]
+    summary = stage_record(tmp_path / "run", "verify")["summary"]
     assert summary["status"] == "ran under qemu-aarch64"
     runner = tmp_path / "run/runtime/bin/etb_runner"
     header = runner.read_bytes()[:20]

@@ -4,7 +4,6 @@ RAM the report gives, and a report that says the runtime was built but not run."
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -12,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from etbuild_test_support import build_in_process, compose_config, run_cli
+from etbuild_test_support import (
+    build_cmake_app,
+    build_in_process,
+    compose_config,
+    kernels_in_library,
+    run_cli,
+    stage_record,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,11 +30,6 @@ needs_arm = pytest.mark.skipif(
 M4 = ["model=mlp", "+target=cortex_m"]
 # What a bare-metal runtime must not call: no file system, no mmap, no OS clock or environment.
 OS_CALLS = {"open", "fopen", "mmap", "munmap", "fstat", "clock_gettime", "getenv", "fprintf"}
-
-
-def _stage(run_dir: Path, name: str) -> dict:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    return next(s for s in manifest["stages"] if s["name"] == name)
 
 
 def _tool(name: str, *args: str) -> str:
@@ -135,14 +136,8 @@ def test_libraries_are_built_for_a_cortex_m4_with_hard_float(m4_build: Path) -> 
 
 @needs_arm
 def test_the_kernel_library_holds_only_the_selected_kernels(m4_build: Path) -> None:
-    from etbuild.codegen.gen import load_entries
-    from etbuild.pipeline.paths import OPS_YAML_DIR
-
-    kernels = {e.schema.key: e.kernel_name for e in load_entries(OPS_YAML_DIR)}
     selected = yaml.safe_load((m4_build / "selected_operators.yaml").read_text())["operators"]
-    nm = _tool("nm", "-C", "--defined-only", str(m4_build / "runtime/lib/libetb_kernels.a"))
-    defined = {line.split(" ", 2)[2].split("(")[0] for line in nm.splitlines() if " T " in line}
-    present = {key for key, name in kernels.items() if name in defined}
+    present = kernels_in_library(m4_build / "runtime/lib/libetb_kernels.a", "arm-none-eabi-nm")
     assert present == set(selected), (sorted(present), sorted(selected))
 
 
@@ -160,7 +155,7 @@ def test_flash_size_in_the_report_is_what_arm_none_eabi_size_says(m4_build: Path
     assert flash_bytes > 0 and ram_bytes > 0
     assert (text, data, bss) == (size_text, size_data, size_bss), out
     assert flash_bytes == size_text + size_data and ram_bytes == size_data + size_bss
-    summary = _stage(m4_build, "build")["summary"]
+    summary = stage_record(m4_build, "build")["summary"]
     assert summary["flash_kb"] == round(flash_bytes / 1024, 1), summary
     # The program is reported next to the runtime (it is not in the image).
     pte = (m4_build / "model.pte").stat().st_size
@@ -170,7 +165,7 @@ def test_flash_size_in_the_report_is_what_arm_none_eabi_size_says(m4_build: Path
 
 @needs_arm
 def test_report_says_built_not_run(m4_build: Path) -> None:
-    status = _stage(m4_build, "verify")["summary"]["status"]
+    status = stage_record(m4_build, "verify")["summary"]["status"]
     assert status.startswith("built, not run") and "Cortex-M" in status, status
     assert f"| status | {status} |" in (m4_build / "report.md").read_text()
 
@@ -208,23 +203,11 @@ def test_an_application_firmware_links_the_installed_runtime(
         "  etb::Result<etb::Program> program = etb::Program::load(&loader);\n"
         "  return program.ok() ? int(program->num_methods()) : 1;\n}\n"
     )
-    cmake = shutil.which("cmake")
-    subprocess.run(
-        [
-            cmake,
-            "-S",
-            str(app),
-            "-B",
-            str(app / "b"),
-            "-G",
-            "Ninja",
-            f"-DCMAKE_TOOLCHAIN_FILE={RUNTIME_SRC_DIR / 'cmake/cortex_m.cmake'}",
-            f"-DCMAKE_PREFIX_PATH={m4_build / 'runtime'}",
-        ],
-        check=True,
-        capture_output=True,
+    proc = build_cmake_app(
+        app,
+        f"-DCMAKE_TOOLCHAIN_FILE={RUNTIME_SRC_DIR / 'cmake/cortex_m.cmake'}",
+        f"-DCMAKE_PREFIX_PATH={m4_build / 'runtime'}",
     )
-    proc = subprocess.run([cmake, "--build", str(app / "b")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     image = app / "b" / "app"
     assert "hard-float ABI" in _tool("readelf", "-h", str(image))

@@ -3,14 +3,13 @@ of several programs, and a hand-written, pinned kernel set from a recipe."""
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from etbuild_test_support import build_in_process, run_cli
+from etbuild_test_support import build_in_process, kernels_in_library, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -20,18 +19,7 @@ def _selection(run_dir: Path) -> dict:
 
 
 def _kernels_in_library(run_dir: Path) -> set[str]:
-    """The op keys whose kernel function the tailored kernel library defines."""
-    from etbuild.codegen.gen import load_entries
-    from etbuild.pipeline.paths import OPS_YAML_DIR
-
-    nm = subprocess.run(
-        ["nm", "-C", "--defined-only", str(run_dir / "runtime/lib/libetb_kernels.a")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    defined = {line.split(" ", 2)[2].split("(")[0] for line in nm.splitlines() if " T " in line}
-    return {e.schema.key for e in load_entries(OPS_YAML_DIR) if e.kernel_name in defined}
+    return kernels_in_library(run_dir / "runtime/lib/libetb_kernels.a")
 
 
 def test_mixed_and_scalar_arguments_are_recorded(zoo_build) -> None:

@@ -21,27 +21,7 @@ void conv_depthwise(const ConvShape& s, const float* in, const float* w, float* 
       const float* x = in + (n * s.C + ic) * s.H * s.W;
       const float* k = w + oc * s.KH * s.KW;
       float* y = out + (n * s.OC + oc) * s.OH * s.OW;
-      for (int64_t kh = 0; kh < s.KH; ++kh) {
-        int64_t oh_lo, oh_hi;
-        valid_range(s.OH, s.H, s.sh, s.ph, kh * s.dh, &oh_lo, &oh_hi);
-        for (int64_t kw = 0; kw < s.KW; ++kw) {
-          int64_t ow_lo, ow_hi;
-          valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &ow_lo, &ow_hi);
-          const float wv = k[kh * s.KW + kw];
-          for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-            const float* xr = x + (oh * s.sh - s.ph + kh * s.dh) * s.W;
-            const int64_t off = kw * s.dw - s.pw;
-            float* yr = y + oh * s.OW;
-            if (s.sw == 1) {
-              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off];
-            } else if (s.sw == 2) {
-              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[2 * ow + off];
-            } else {
-              for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * s.sw + off];
-            }
-          }
-        }
-      }
+      depthwise_plane(s, x, k, y);
     }
   }
 }

@@ -57,4 +57,32 @@ inline bool pair_items(Span<const int64_t> v, int64_t dflt0, int64_t dflt1, int6
   return pair_item(v, 0, dflt0, a) && pair_item(v, 1, dflt1, b);
 }
 
+/// One depthwise output plane: y[OH x OW] += sum over the kernel taps of k * x, for an input
+/// plane x[H x W] (float) and kernel taps k[KH x KW] (float, or int8 for the int8 kernels). The
+/// inner loops run over each tap's valid output range, so they have no bounds checks.
+template <typename W>
+inline void depthwise_plane(const ConvShape& s, const float* x, const W* k, float* y) {
+  for (int64_t kh = 0; kh < s.KH; ++kh) {
+    int64_t oh_lo, oh_hi;
+    valid_range(s.OH, s.H, s.sh, s.ph, kh * s.dh, &oh_lo, &oh_hi);
+    for (int64_t kw = 0; kw < s.KW; ++kw) {
+      int64_t ow_lo, ow_hi;
+      valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &ow_lo, &ow_hi);
+      const float wv = float(k[kh * s.KW + kw]);
+      const int64_t off = kw * s.dw - s.pw;
+      for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+        const float* __restrict xr = x + (oh * s.sh - s.ph + kh * s.dh) * s.W;
+        float* __restrict yr = y + oh * s.OW;
+        if (s.sw == 1) {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off];
+        } else if (s.sw == 2) {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[2 * ow + off];
+        } else {
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * s.sw + off];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace etb

@@ -45,32 +45,6 @@ void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const 
   }
 }
 
-// One depthwise output plane: y[OH x OW] += sum over taps of w * x (x already zero-point
-// shifted, as float).
-void depthwise_plane(const ConvShape& s, const float* x, const int8_t* k, float* y) {
-  for (int64_t kh = 0; kh < s.KH; ++kh) {
-    int64_t oh_lo, oh_hi;
-    valid_range(s.OH, s.H, s.sh, s.ph, kh * s.dh, &oh_lo, &oh_hi);
-    for (int64_t kw = 0; kw < s.KW; ++kw) {
-      int64_t ow_lo, ow_hi;
-      valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &ow_lo, &ow_hi);
-      const float wv = float(k[kh * s.KW + kw]);
-      const int64_t off = kw * s.dw - s.pw;
-      for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-        const float* __restrict xr = x + (oh * s.sh - s.ph + kh * s.dh) * s.W;
-        float* __restrict yr = y + oh * s.OW;
-        if (s.sw == 1) {
-          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off];
-        } else if (s.sw == 2) {
-          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[2 * ow + off];
-        } else {
-          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * s.sw + off];
-        }
-      }
-    }
-  }
-}
-
 Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                      int8_t* y) {

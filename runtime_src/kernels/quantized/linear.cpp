@@ -76,13 +76,31 @@ Error linear_shapes(const Tensor& input, const Tensor& weight, Tensor& out, cons
   return out.resize(Span<const int64_t>(sz, size_t(input.dim())));
 }
 
-// mult/bias/wsum arrays of O channels in temp memory.
-Error channel_arrays(KernelContext& ctx, int64_t O, float** mult, float** bias, int32_t** wsum) {
+// What the GEMM epilogue needs per output channel, and the GEMM's workspace, in temp memory.
+struct ChannelParams {
+  float* mult;      // input scale x weight scale
+  float* bias;      // fp32 bias (0 without one)
+  int32_t* wsum;    // weight row sums, for the input zero-point correction
+  void* workspace;  // qgemm_workspace_bytes(K)
+};
+
+Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& weight_scales,
+                     const Tensor* bias, float input_scale, int64_t O, int64_t K,
+                     ChannelParams* c) {
   Result<void*> pm = ctx.allocate_temp(size_t(O) * (2 * sizeof(float) + sizeof(int32_t)));
   if (!pm.ok()) return pm.error();
-  *mult = static_cast<float*>(pm.value());
-  *bias = *mult + O;
-  *wsum = reinterpret_cast<int32_t*>(*bias + O);
+  c->mult = static_cast<float*>(pm.value());
+  c->bias = c->mult + O;
+  c->wsum = reinterpret_cast<int32_t*>(c->bias + O);
+  const float* ws = weight_scales.data_as<float>();
+  for (int64_t o = 0; o < O; ++o) {
+    c->mult[o] = input_scale * ws[o];
+    c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
+  }
+  row_sums(O, K, weight.data_as<int8_t>(), K, c->wsum);
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  if (!wsm.ok()) return wsm.error();
+  c->workspace = wsm.value();
   return Error::Ok;
 }
 
@@ -103,22 +121,12 @@ Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
   ETB_TRY(linear_shapes(input, weight, out, op, &rows, &K, &O));
   ETB_TRY(check_channel_params(weight_scales, bias, O, op));
   if (out.numel() == 0) return Error::Ok;
-  float *mult, *bias_f;
-  int32_t* wsum;
-  ETB_TRY(channel_arrays(ctx, O, &mult, &bias_f, &wsum));
-  const float xs = float(input_scale);
-  const float* ws = weight_scales.data_as<float>();
-  for (int64_t c = 0; c < O; ++c) {
-    mult[c] = xs * ws[c];
-    bias_f[c] = bias != nullptr ? bias->data_as<float>()[c] : 0.f;
-  }
-  const int8_t* w = weight.data_as<int8_t>();
-  row_sums(O, K, w, K, wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
-  if (!wsm.ok()) return wsm.error();
-  LinearEpilogue e{wsum, mult, bias_f, int32_t(input_zero_point), q, out.data_as<int8_t>(),
+  ChannelParams c;
+  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, float(input_scale), O, K, &c));
+  LinearEpilogue e{c.wsum, c.mult, c.bias, int32_t(input_zero_point), q, out.data_as<int8_t>(),
                    nullptr, O, bias != nullptr};
-  qgemm(O, rows, K, w, K, input.data_as<int8_t>(), 1, K, wsm.value(), linear_tile, &e);
+  qgemm(O, rows, K, weight.data_as<int8_t>(), K, input.data_as<int8_t>(), 1, K, c.workspace,
+        linear_tile, &e);
   return Error::Ok;
 }
 
@@ -163,20 +171,11 @@ Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& 
     r = r < q.hi ? r : q.hi;
     xq[i] = int8_t(int32_t(r));
   }
-  float *mult, *bias_f;
-  int32_t* wsum;
-  ETB_TRY(channel_arrays(ctx, O, &mult, &bias_f, &wsum));
-  const float* ws = weight_scales.data_as<float>();
-  for (int64_t c = 0; c < O; ++c) {
-    mult[c] = scale * ws[c];
-    bias_f[c] = bias != nullptr ? bias->data_as<float>()[c] : 0.f;
-  }
-  const int8_t* w = weight.data_as<int8_t>();
-  row_sums(O, K, w, K, wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
-  if (!wsm.ok()) return wsm.error();
-  LinearEpilogue e{wsum, mult, bias_f, zp, q, nullptr, out.data_as<float>(), O, bias != nullptr};
-  qgemm(O, rows, K, w, K, xq, 1, K, wsm.value(), dynamic_tile, &e);
+  ChannelParams c;
+  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, &c));
+  LinearEpilogue e{c.wsum, c.mult, c.bias, zp, q, nullptr, out.data_as<float>(), O,
+                   bias != nullptr};
+  qgemm(O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);
   return Error::Ok;
 }
 
