@@ -56,6 +56,7 @@ class OpEntry:
     kernel_name: str
     dtypes: dict[str, list[str]] = field(default_factory=dict)
     supported: dict[str, list[str]] = field(default_factory=dict)
+    fuses_clamp: bool = False  # ops_yaml `fuses_clamp`: applies a fused activation clamp
 
     def supported_dtypes(self, arg: str) -> list[str] | None:
         """ops_yaml's dtypes of tensor argument ``arg``; None when it lists none."""
@@ -145,7 +146,12 @@ def load_entries(ops_dir: Path) -> list[OpEntry]:
                     )
             if schema.key in entries:
                 raise CodegenError(f"{path.name}: {schema.key} is listed twice")
-            entries[schema.key] = OpEntry(schema, kernels[0]["kernel_name"], dtypes)
+            fuses_clamp = raw.get("fuses_clamp", False)
+            if not isinstance(fuses_clamp, bool):
+                raise CodegenError(f"{path.name}: {schema.key}: fuses_clamp must be true or false")
+            entries[schema.key] = OpEntry(
+                schema, kernels[0]["kernel_name"], dtypes, fuses_clamp=fuses_clamp
+            )
     return [entries[k] for k in sorted(entries)]
 
 
@@ -178,7 +184,9 @@ def apply_selection(entries: list[OpEntry], selected: dict) -> list[OpEntry]:
         e = by_key[key]
         want = _selected_dtypes(ops[key])
         dtypes = {a: [d for d in ds if d in want.get(a, ds)] for a, ds in e.dtypes.items()}
-        out.append(OpEntry(e.schema, e.kernel_name, dtypes, supported=e.dtypes))
+        out.append(
+            OpEntry(e.schema, e.kernel_name, dtypes, supported=e.dtypes, fuses_clamp=e.fuses_clamp)
+        )
     return out
 
 
@@ -524,9 +532,10 @@ def gen_registration(entries: list[OpEntry]) -> str:
     lines.append("const Kernel kKernels[] = {")
     for e in entries:
         w = _wrapper_name(e.schema)
-        lines.append(f'    {{"{e.schema.key}", &{w}, &{_check_name(e.schema)}}},')
+        fuses = "true" if e.fuses_clamp else "false"
+        lines.append(f'    {{"{e.schema.key}", &{w}, &{_check_name(e.schema)}, {fuses}}},')
     if not entries:
-        lines.append('    {"", nullptr, nullptr},')
+        lines.append('    {"", nullptr, nullptr, false},')
     lines += [
         "};",
         "",

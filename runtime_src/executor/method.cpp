@@ -241,6 +241,122 @@ Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t
   return fail(first, "method '%s': %s (%zu kernel calls in all)", method, problems, num_failed);
 }
 
+// ---- activation fusion -------------------------------------------------------------------
+// A relu, hardtanh or clamp that directly follows a kernel registered with fuses_clamp, and
+// reads only that kernel's output, is applied in the kernel's epilogue: the kernel writes the
+// activation's output tensor, clamped, and the activation instruction becomes Fused. The
+// result is the same, bit for bit; one pass over the tensor in memory is saved.
+
+// The clamp of activation call `act` ([self, scalars..., out, return]), or false when it is not
+// a fusable activation with constant bounds.
+bool activation_clamp(const char* op, const Method::Instr& act, OutputClamp* clamp) {
+  auto bound = [](const EValue* v, float* out) {
+    if (v->is_none()) return true;
+    if (v->is_double()) *out = float(v->to_double());
+    else if (v->is_int()) *out = float(v->to_int());
+    else return false;
+    return true;
+  };
+  OutputClamp c;
+  if (strcmp(op, "aten::relu.out") == 0 && act.num_args == 3) {
+    c.lo = 0.f;
+  } else if ((strcmp(op, "aten::hardtanh.out") == 0 || strcmp(op, "aten::clamp.out") == 0) &&
+             act.num_args == 5) {
+    if (!bound(act.args[1], &c.lo) || !bound(act.args[2], &c.hi)) return false;
+    if (strcmp(op, "aten::hardtanh.out") == 0 && (act.args[1]->is_none() || act.args[2]->is_none()))
+      return false;
+    if (!(c.lo <= c.hi)) return false;  // clamp's min > max rule: leave it to the kernel
+  } else {
+    return false;
+  }
+  *clamp = c;
+  return true;
+}
+
+// True when the memory of tensor a and tensor b overlap (either may be unbound: false).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const uint8_t* pa = static_cast<const uint8_t*>(a.data());
+  const uint8_t* pb = static_cast<const uint8_t*>(b.data());
+  if (pa == nullptr || pb == nullptr) return false;
+  const size_t na = a.capacity_bytes() > a.nbytes() ? a.capacity_bytes() : a.nbytes();
+  const size_t nb = b.capacity_bytes() > b.nbytes() ? b.capacity_bytes() : b.nbytes();
+  return pa < pb + nb && pb < pa + na;
+}
+
+// True when value v is one of the `num` values listed in `ids` (method inputs or outputs).
+bool is_listed(const EValue* v, const EValue* values, const int32_t* ids, size_t num) {
+  for (size_t i = 0; i < num; ++i)
+    if (&values[ids[i]] == v) return true;
+  return false;
+}
+
+// How many times an instruction names value v.
+size_t uses_of(const EValue* v, const Method::Instr* instrs, size_t n, const EValue* values) {
+  size_t uses = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Method::Instr& in = instrs[i];
+    if (in.kind == Method::Kind::Move || in.kind == Method::Kind::JumpFalse ||
+        in.kind == Method::Kind::Free) {
+      uses += &values[in.a] == v;
+      if (in.kind == Method::Kind::Move) uses += &values[in.b] == v;
+      continue;
+    }
+    for (uint32_t k = 0; k < in.num_args; ++k) uses += in.args[k] == v;
+  }
+  return uses;
+}
+
+void fuse_activations(Method::Instr* instrs, size_t n, const char* const* op_names,
+                      const EValue* values, const int32_t* inputs, size_t num_inputs,
+                      const int32_t* outputs, size_t num_outputs) {
+  for (size_t i = 0; i + 1 < n; ++i) {
+    Method::Instr& k = instrs[i];
+    Method::Instr& act = instrs[i + 1];
+    if (k.kind != Method::Kind::Kernel || act.kind != Method::Kind::Kernel) continue;
+    const Kernel* entry = find_kernel_entry(op_names[k.a]);
+    OutputClamp clamp;
+    if (entry == nullptr || !entry->fuses_clamp || k.num_args < 2 ||
+        !activation_clamp(op_names[act.a], act, &clamp))
+      continue;
+    EValue* out = k.args[k.num_args - 2];
+    EValue* act_out = act.args[act.num_args - 2];
+    if (k.args[k.num_args - 1] != out || act.args[act.num_args - 1] != act_out ||
+        act.args[0] != out || !out->is_tensor() || !act_out->is_tensor() ||
+        out->to_tensor().dtype() != ScalarType::Float ||
+        act_out->to_tensor().dtype() != ScalarType::Float ||
+        act_out->to_tensor().data() == nullptr)
+      continue;
+    // The kernel's output must be read by the activation alone (out + return + self), no jump
+    // may land on the activation, and a bound taken from a value must not change at run time.
+    if (uses_of(out, instrs, n, values) != 3 || is_listed(out, values, inputs, num_inputs) ||
+        is_listed(out, values, outputs, num_outputs))
+      continue;
+    bool ok = true;
+    for (size_t j = 0; j < n && ok; ++j)
+      ok = !(instrs[j].kind == Method::Kind::JumpFalse && size_t(instrs[j].b) == i + 1) &&
+           !(instrs[j].kind == Method::Kind::Move &&
+             (&values[instrs[j].b] == act.args[1] || &values[instrs[j].b] == act.args[2]));
+    if (act.num_args == 5)
+      ok = ok && !is_listed(act.args[1], values, inputs, num_inputs) &&
+           !is_listed(act.args[2], values, inputs, num_inputs);
+    // The activation's output was planned to live from the activation on; the kernel now
+    // writes it while reading its own arguments, so it must not share memory with them
+    // (unless it is the kernel's own output, written in place).
+    const Tensor& dst = act_out->to_tensor();
+    const bool same_memory = dst.data() == out->to_tensor().data();
+    for (uint32_t a = 0; a + 2 < k.num_args && ok && !same_memory; ++a) {
+      const EValue* v = k.args[a];
+      if (v->is_tensor()) ok = !overlaps(v->to_tensor(), dst);
+      else if (v->is_tensor_list()) ok = false;
+    }
+    if (!ok) continue;
+    k.args[k.num_args - 2] = act_out;
+    k.args[k.num_args - 1] = act_out;
+    k.clamp = clamp;
+    act.kind = Method::Kind::Fused;
+  }
+}
+
 }  // namespace
 
 Result<Method> Program::load_method(const char* name, const MemoryManager& memory) const {
@@ -438,7 +554,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
       if (!chain->instructions()) continue;
       for (const fb::Instruction* in : *chain->instructions()) {
         Method::Instr& out = m.instrs_[pc];
-        out = Method::Instr{Method::Kind::Free, 0, 0, nullptr, 0};
+        out = Method::Instr{Method::Kind::Free, 0, 0, nullptr, 0, OutputClamp()};
         switch (in->instr_args_type()) {
           case fb::InstructionArguments_KernelCall: {
             const fb::KernelCall* k = in->instr_args_as_KernelCall();
@@ -497,6 +613,8 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
   }
   m.num_instrs_ = pc;
   ETB_TRY(check_kernel_calls(name, m.instrs_, pc, m.op_names_, values));
+  fuse_activations(m.instrs_, pc, m.op_names_, values, m.inputs_, m.num_inputs_, m.outputs_,
+                   m.num_outputs_);
   m.temp_ = memory.temp_allocator;
   return Result<Method>(static_cast<Method&&>(m));
 }
@@ -613,7 +731,7 @@ Error Method::execute() {
     const char* name = nullptr;
     switch (in.kind) {
       case Kind::Kernel: {
-        KernelContext ctx(temp_);
+        KernelContext ctx(temp_, in.clamp);
         Error e = kernels_[in.a](ctx, Span<EValue*>(in.args, in.num_args));
         if (temp_ != nullptr) temp_->reset();
         if (e != Error::Ok) {
@@ -648,6 +766,9 @@ Error Method::execute() {
       }
       case Kind::Free:
         name = "free";
+        break;
+      case Kind::Fused:
+        name = "fused";
         break;
     }
     if (profile_ != nullptr && profile_count_ < profile_capacity_)

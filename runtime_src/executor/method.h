@@ -61,8 +61,9 @@ class Method {
     return Span<const ProfileEvent>(profile_, profile_count_);
   }
 
-  /// Instruction kinds.
-  enum class Kind : uint8_t { Kernel, Delegate, Move, JumpFalse, Free };
+  /// Instruction kinds. Fused: an activation that load fused into the kernel call before it
+  /// (it runs as part of that call; nothing is left to do).
+  enum class Kind : uint8_t { Kernel, Delegate, Move, JumpFalse, Free, Fused };
   /// One resolved instruction.
   struct Instr {
     Kind kind;
@@ -70,6 +71,7 @@ class Method {
     int32_t b;  // move_to, jump destination
     EValue** args;
     uint32_t num_args;
+    OutputClamp clamp;  // kernel calls: the activation fused into the call
   };
   /// A resolved delegate.
   struct Delegate {

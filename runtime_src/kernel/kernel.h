@@ -12,15 +12,30 @@
 
 namespace etb {
 
-/// What a kernel sees besides its arguments: a temp allocator that is reset after the call.
+/// An activation that Method load fused into a kernel call (a relu, hardtanh or clamp that
+/// followed it): the kernel clamps every output element to [lo, hi], a NaN staying NaN, as
+/// the activation's own kernel would have. Calls with nothing fused see (-inf, +inf).
+struct OutputClamp {
+  float lo = -__builtin_inff();
+  float hi = __builtin_inff();
+  /// True when the clamp can change a value.
+  bool active() const { return lo > -__builtin_inff() || hi < __builtin_inff(); }
+};
+
+/// What a kernel sees besides its arguments: a temp allocator that is reset after the call,
+/// and the output clamp fused into this call.
 class KernelContext {
  public:
-  explicit KernelContext(MemoryAllocator* temp) : temp_(temp) {}
+  explicit KernelContext(MemoryAllocator* temp, OutputClamp clamp = OutputClamp())
+      : temp_(temp), clamp_(clamp) {}
   /// Scratch memory valid until the kernel returns, or an error when none is left.
   Result<void*> allocate_temp(size_t n, size_t align = 64);
+  /// The activation fused into this call (only kernels registered with fuses_clamp get one).
+  const OutputClamp& output_clamp() const { return clamp_; }
 
  private:
   MemoryAllocator* temp_;
+  OutputClamp clamp_;
 };
 
 /// A boxed kernel: arguments as the program lists them (schema args, then the return).
@@ -37,6 +52,7 @@ struct Kernel {
   const char* name;
   KernelFn fn;
   KernelCheckFn check = nullptr;  // nullptr: nothing is checked at load
+  bool fuses_clamp = false;       // applies KernelContext::output_clamp() to its output
 };
 
 /// Adds kernels to the process-wide registry (a fixed-size table, no heap).

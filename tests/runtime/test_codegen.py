@@ -46,8 +46,9 @@ def test_deterministic_and_write_if_changed(tmp_path):
     assert "Error register_all_kernels()" in cpp
     assert (
         '{"aten::convolution.out", &wrap_aten__convolution_out, '
-        "&wrap_aten__convolution_out_check}" in cpp
+        "&wrap_aten__convolution_out_check, true}" in cpp  # fuses_clamp in ops_yaml
     )
+    assert '{"aten::add.out", &wrap_aten__add_out, &wrap_aten__add_out_check, false}' in cpp
     # No static initializers: registration happens only in register_all_kernels().
     assert "__attribute__((constructor))" not in cpp and "static bool" not in cpp
 

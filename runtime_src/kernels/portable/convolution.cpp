@@ -1,9 +1,10 @@
 // 1-d and 2-d convolution (NCHW, grouped and depthwise) on Float tensors.
 //
-// Three paths: pointwise (1x1, stride 1, no padding) is one GEMM per group; depthwise
-// (one input channel per group) is a direct kernel whose inner loop runs over a
-// precomputed valid output range, so it has no bounds checks; everything else packs
-// column tiles (im2col) into temp memory and runs the GEMM on them.
+// Three paths: pointwise (1x1, stride 1, no padding) is one GEMM per group, reading the
+// weights and the activations in place; depthwise (one input channel per group) has its own
+// kernel (depthwise.h); everything else packs column tiles (im2col) into temp memory and runs
+// the GEMM on them. Bias and a fused activation clamp are applied in the GEMM's epilogue.
+#include "kernels/portable/depthwise.h"
 #include "kernels/portable/gemm.h"
 #include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
@@ -12,19 +13,6 @@
 namespace etb {
 namespace native {
 namespace {
-
-void conv_depthwise(const ConvShape& s, const float* in, const float* w, float* out) {
-  const int64_t mult = s.OC / s.groups;  // output channels per input channel
-  for (int64_t n = 0; n < s.N; ++n) {
-    for (int64_t oc = 0; oc < s.OC; ++oc) {
-      const int64_t ic = oc / mult;
-      const float* x = in + (n * s.C + ic) * s.H * s.W;
-      const float* k = w + oc * s.KH * s.KW;
-      float* y = out + (n * s.OC + oc) * s.OH * s.OW;
-      depthwise_plane(s, x, k, y);
-    }
-  }
-}
 
 // Packs columns [p0, p0 + pc) of the im2col matrix of one group into col[K x pc]. Works a
 // row segment at a time: one division per output row, then zero fill and a contiguous (or
@@ -136,31 +124,33 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const float* w = weight.data_as<float>();
   float* y = out.data_as<float>();
   const int64_t P = s.OH * s.OW;
-  // Start from the bias (or zero); every path accumulates.
-  for (int64_t n = 0; n < s.N; ++n)
-    for (int64_t oc = 0; oc < s.OC; ++oc) {
-      const float b = bias != nullptr ? bias->data_as<float>()[oc] : 0.f;
-      float* yo = y + (n * s.OC + oc) * P;
-      for (int64_t p = 0; p < P; ++p) yo[p] = b;
-    }
   if (out.numel() == 0) return Error::Ok;
-
-  const int64_t oc_g = s.OC / groups;
   if (cin_g == 1 && groups > 1) {
-    conv_depthwise(s, x, w, y);
+    Result<void*> scratch = ctx.allocate_temp(depthwise_conv_f32_scratch_bytes(s), 64);
+    if (!scratch.ok()) return scratch.error();
+    depthwise_conv_f32(s, x, w, bias != nullptr ? bias->data_as<float>() : nullptr,
+                       ctx.output_clamp(), y, scratch.value());
     return Error::Ok;
   }
+  const int64_t oc_g = s.OC / groups;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 &&
                          s.pw == 0;
   const int64_t K = cin_g * s.KH * s.KW;
-  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(), 64);
+  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
   if (!ws_mem.ok()) return ws_mem.error();
   float* ws = static_cast<float*>(ws_mem.value());
+  // Each group is out[oc_g x P] = weight[oc_g x K] * columns[K x P], bias per row.
+  GemmEpilogue ep;
+  ep.init = bias != nullptr ? GemmInit::RowBias : GemmInit::Zero;
+  ep.clamp = ctx.output_clamp();
+  const float* b = bias != nullptr ? bias->data_as<float>() : nullptr;
   if (pointwise) {
     for (int64_t n = 0; n < s.N; ++n)
-      for (int64_t g = 0; g < groups; ++g)
-        sgemm_acc(oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
-                  y + (n * s.OC + g * oc_g) * P, P, ws);
+      for (int64_t g = 0; g < groups; ++g) {
+        ep.bias = b != nullptr ? b + g * oc_g : nullptr;
+        sgemm(oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
+              y + (n * s.OC + g * oc_g) * P, P, ep, ws);
+      }
     return Error::Ok;
   }
   // im2col in column tiles of at most ~256 KB.
@@ -174,10 +164,11 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
       float* yg = y + (n * s.OC + g * oc_g) * P;
+      ep.bias = b != nullptr ? b + g * oc_g : nullptr;
       for (int64_t p0 = 0; p0 < P; p0 += pc) {
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
         im2col_tile(s, xg, cin_g, p0, cols, col);
-        sgemm_acc(oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ws);
+        sgemm(oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ep, ws);
       }
     }
   return Error::Ok;

@@ -1,92 +1,173 @@
-// The GEMM packs a kKC x kNC block of B into column panels of kNR and a kMR x kKC sliver of
-// A, so the micro-kernel reads both contiguously and keeps a kMR x kNR tile of C in
-// registers across the depth loop (the compiler vectorizes the fixed-size j loop and
-// unrolls i). Tile sizes follow the vector width the kernels are compiled for.
+// The micro-kernel keeps a kMR x (kNV vectors) tile of C in registers across the whole
+// depth: per step k it loads kNV vectors of row k of B and, for each of the kMR rows of A,
+// broadcasts A[i][k] and multiply-adds it into the row's accumulators. A row of A and a row
+// of B are both contiguous in the layouts the callers have (weights [OC x K] times NCHW
+// activations [K x H*W]; activations [M x K] times transposed weights [K x N]), so nothing is
+// packed per call: only the last N % tile columns of B are copied, once per call, into a
+// zero-padded panel so that the tail tile also runs on full vectors.
+//
+// Blocking: columns go in blocks whose K x NC slice of B stays in L2 while every row sliver
+// of A runs over it (the sliver, kMR x K, stays in L1 across the block's tiles).
 #include "kernels/portable/gemm.h"
+
+#include <utility>
+
+#include "kernels/simd.h"
 
 namespace etb {
 namespace native {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int64_t kMR = 8, kNR = 32;  // 16 zmm accumulators
-#elif defined(__AVX__)
-constexpr int64_t kMR = 6, kNR = 16;  // 12 ymm accumulators
+using simd::VecF;
+constexpr int kW = VecF::kWidth;
+
+#if defined(ETB_SIMD_AVX512)
+constexpr int kMR = 8, kNV = 2;  // 8 x 32: 16 zmm accumulators
+#elif defined(ETB_SIMD_AVX2)
+constexpr int kMR = 6, kNV = 2;  // 6 x 16: 12 ymm accumulators
+#elif defined(ETB_SIMD_NEON)
+constexpr int kMR = 6, kNV = 4;  // 6 x 16: 24 of the 32 q registers
+#elif defined(ETB_SIMD_SSE2)
+constexpr int kMR = 4, kNV = 2;  // 4 x 8: 8 of the 16 xmm registers
 #else
-constexpr int64_t kMR = 4, kNR = 8;
+constexpr int kMR = 4, kNV = 4;  // 4 x 4 scalars
 #endif
-constexpr int64_t kKC = 256;  // depth of a block
-constexpr int64_t kNC = 256;  // columns of a packed B block (kKC x kNC floats = 256 KB)
+constexpr int kNR = kNV * kW;             // tile width in floats
+constexpr int64_t kBlockBytes = 192 << 10;  // K x NC slice of B per column block
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
-                  float* __restrict c, int64_t ldc, int64_t mr, int64_t nr) {
-  float acc[kMR][kNR] = {};
-  for (int64_t k = 0; k < kc; ++k) {
-    const float* b = bp + k * kNR;
-    const float* a = ap + k * kMR;
-    for (int64_t i = 0; i < kMR; ++i)
-      for (int64_t j = 0; j < kNR; ++j) acc[i][j] += a[i] * b[j];
-  }
-  if (mr == kMR && nr == kNR) {
-    for (int64_t i = 0; i < kMR; ++i)
-      for (int64_t j = 0; j < kNR; ++j) c[i * ldc + j] += acc[i][j];
-  } else {
-    for (int64_t i = 0; i < mr; ++i)
-      for (int64_t j = 0; j < nr; ++j) c[i * ldc + j] += acc[i][j];
-  }
-}
+// What a tile needs to start and finish: the epilogue at the tile's origin.
+struct TileEpilogue {
+  GemmInit init;
+  const float* bias;  // RowBias: bias of the tile's first row; ColBias: of its first column
+  bool clamp;
+  float lo, hi;
+};
 
-// Few rows: stream B once, C row += a * B row (an axpy the compiler vectorizes).
-void gemm_small_m(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float* C, int64_t ldc) {
-  for (int64_t m = 0; m < M; ++m) {
-    float* __restrict c = C + m * ldc;
-    for (int64_t k = 0; k < K; ++k) {
-      const float a = A[m * lda + k];
-      const float* __restrict b = B + k * ldb;
-      for (int64_t n = 0; n < N; ++n) c[n] += a * b[n];
+// C tile [MR x nr] (nr <= NV * kW) = epilogue(A[MR x K] * B[K x NV*kW]).
+template <int MR, int NV>
+__attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_t lda,
+                                    const float* __restrict b, int64_t ldb, float* __restrict c,
+                                    int64_t ldc, int nr, const TileEpilogue& e) {
+  VecF acc[MR][NV];
+  const bool full = nr == NV * kW;
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const int cols = nr - v * kW;  // valid lanes of this vector (may be <= 0)
+      switch (e.init) {
+        case GemmInit::Zero:
+        default:
+          acc[i][v] = VecF::zero();
+          break;
+        case GemmInit::RowBias:
+          acc[i][v] = VecF::broadcast(e.bias[i]);
+          break;
+        case GemmInit::ColBias:
+          acc[i][v] = full || cols >= kW ? VecF::load(e.bias + v * kW)
+                      : cols > 0         ? VecF::load_partial(e.bias + v * kW, cols)
+                                         : VecF::zero();
+          break;
+        case GemmInit::C:
+          acc[i][v] = full || cols >= kW ? VecF::load(c + i * ldc + v * kW)
+                      : cols > 0         ? VecF::load_partial(c + i * ldc + v * kW, cols)
+                                         : VecF::zero();
+          break;
+      }
+    }
+  }
+  const float* ap[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) ap[i] = a + i * lda;
+  for (int64_t k = 0; k < K; ++k) {
+    VecF bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = VecF::load(b + v * kW);
+    b += ldb;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const VecF av = VecF::broadcast(ap[i][k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = simd::fma(av, bv[v], acc[i][v]);
+    }
+  }
+  const VecF lo = VecF::broadcast(e.lo), hi = VecF::broadcast(e.hi);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const VecF r = e.clamp ? simd::clamp(acc[i][v], lo, hi) : acc[i][v];
+      const int cols = nr - v * kW;
+      if (full || cols >= kW)
+        r.store(c + i * ldc + v * kW);
+      else if (cols > 0)
+        r.store_partial(c + i * ldc + v * kW, cols);
     }
   }
 }
 
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
+                        int, const TileEpilogue&);
+
+// The tile function for mr rows (1 <= mr <= kMR) and NV vectors.
+template <int NV, int... I>
+constexpr TileFn tile_for(int mr) {
+  constexpr TileFn fns[] = {&tile<I + 1, NV>...};
+  return fns[mr - 1];
+}
+template <int NV, int... I>
+constexpr TileFn select_tile(int mr, std::integer_sequence<int, I...>) {
+  return tile_for<NV, I...>(mr);
+}
+template <int NV>
+TileFn tile_fn(int mr) {
+  return select_tile<NV>(mr, std::make_integer_sequence<int, kMR>());
+}
+
 }  // namespace
 
-size_t sgemm_workspace_bytes() { return size_t(kKC * kNC + kKC * kMR) * sizeof(float); }
+size_t sgemm_workspace_bytes(int64_t K) { return size_t(K > 0 ? K : 1) * kNR * sizeof(float); }
 
-void sgemm_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float* C, int64_t ldc, float* workspace) {
-  if (M <= 2) {
-    gemm_small_m(M, N, K, A, lda, B, ldb, C, ldc);
-    return;
-  }
-  float* bpack = workspace;
-  float* apack = workspace + kKC * kNC;
-  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-    const int64_t kc = min64(K - k0, kKC);
-    for (int64_t n0 = 0; n0 < N; n0 += kNC) {
-      const int64_t nc = min64(N - n0, kNC);
-      for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
-        const int64_t nr = min64(nc - j0, kNR);
-        float* dst = bpack + j0 * kc;
-        for (int64_t k = 0; k < kc; ++k) {
-          const float* src = B + (k0 + k) * ldb + n0 + j0;
-          int64_t j = 0;
-          for (; j < nr; ++j) dst[k * kNR + j] = src[j];
-          for (; j < kNR; ++j) dst[k * kNR + j] = 0.f;
-        }
+void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
+  if (M <= 0 || N <= 0) return;
+  TileEpilogue te{ep.init, ep.bias, ep.clamp.active(), ep.clamp.lo, ep.clamp.hi};
+  // Columns per block: a multiple of the tile width whose K x NC slice of B fits the budget.
+  int64_t nc_block = kBlockBytes / (int64_t(sizeof(float)) * (K > 0 ? K : 1));
+  nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
+  for (int64_t n0 = 0; n0 < N; n0 += nc_block) {
+    const int64_t nc = min64(nc_block, N - n0);
+    const int64_t nfull = nc / kNR * kNR;
+    const int rem = int(nc - nfull);
+    // The last columns: a zero-padded [K x tail_w] panel, so the tail tile reads full vectors.
+    const int tail_nv = rem <= kW ? 1 : kNV;
+    const int tail_w = tail_nv * kW;
+    if (rem > 0) {
+      for (int64_t k = 0; k < K; ++k) {
+        const float* src = B + k * ldb + n0 + nfull;
+        float* dst = workspace + k * tail_w;
+        int j = 0;
+        for (; j < rem; ++j) dst[j] = src[j];
+        for (; j < tail_w; ++j) dst[j] = 0.f;
       }
-      for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-        const int64_t mr = min64(M - m0, kMR);
-        for (int64_t k = 0; k < kc; ++k) {
-          int64_t i = 0;
-          for (; i < mr; ++i) apack[k * kMR + i] = A[(m0 + i) * lda + k0 + k];
-          for (; i < kMR; ++i) apack[k * kMR + i] = 0.f;
-        }
-        for (int64_t j0 = 0; j0 < nc; j0 += kNR)
-          micro_kernel(kc, apack, bpack + j0 * kc, C + m0 * ldc + n0 + j0, ldc, mr,
-                       min64(nc - j0, kNR));
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+      const int mr = int(min64(kMR, M - m0));
+      const TileFn full_tile = tile_fn<kNV>(mr);
+      const float* a = A + m0 * lda;
+      float* c = C + m0 * ldc + n0;
+      TileEpilogue e = te;
+      if (ep.init == GemmInit::RowBias) e.bias = ep.bias + m0;
+      for (int64_t j = 0; j < nfull; j += kNR) {
+        if (ep.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
+        full_tile(K, a, lda, B + n0 + j, ldb, c + j, ldc, kNR, e);
+      }
+      if (rem > 0) {
+        if (ep.init == GemmInit::ColBias) e.bias = ep.bias + n0 + nfull;
+        const TileFn tail_tile = tail_nv == 1 ? tile_fn<1>(mr) : full_tile;
+        tail_tile(K, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
       }
     }
   }

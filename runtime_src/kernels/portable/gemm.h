@@ -1,19 +1,38 @@
-// A cache-blocked single-precision GEMM used by the matmul family and convolution.
+// The single-precision GEMM behind convolution, linear and the matmul family, with the
+// epilogue (bias, accumulate, clamp) done in registers before the tile is stored.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernel/kernel.h"
+
 namespace etb {
 namespace native {
 
-/// Bytes of (64-byte aligned) workspace that sgemm_acc needs for its packed panels.
-size_t sgemm_workspace_bytes();
+/// What a GEMM output tile holds before A * B is added to it.
+enum class GemmInit : uint8_t {
+  Zero,     // C = A * B
+  RowBias,  // C[i][j] = bias[i] + (A * B)[i][j]   (a convolution's per-channel bias)
+  ColBias,  // C[i][j] = bias[j] + (A * B)[i][j]   (a linear layer's bias)
+  C,        // C += A * B
+};
 
-/// C[M x N] += A[M x K] * B[K x N]; all row-major with leading dimensions lda, ldb, ldc.
-/// `workspace` holds sgemm_workspace_bytes() bytes (kernels take it from their temp allocator).
-void sgemm_acc(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float* C, int64_t ldc, float* workspace);
+/// The epilogue of one sgemm call.
+struct GemmEpilogue {
+  GemmInit init = GemmInit::Zero;
+  const float* bias = nullptr;  // M values (RowBias) or N values (ColBias)
+  OutputClamp clamp;            // applied to the finished result
+};
+
+/// Bytes of (64-byte aligned) workspace that sgemm needs for depth K.
+size_t sgemm_workspace_bytes(int64_t K);
+
+/// C[M x N] = clamp(init + A[M x K] * B[K x N]); all row-major with leading dimensions lda,
+/// ldb, ldc. A and B are read in place (nothing is packed per call but the last columns of B
+/// when N is not a multiple of the tile width). `workspace` holds sgemm_workspace_bytes(K).
+void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& epilogue, float* workspace);
 
 }  // namespace native
 }  // namespace etb

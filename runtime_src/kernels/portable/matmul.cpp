@@ -7,10 +7,17 @@ namespace etb {
 namespace native {
 namespace {
 
-Result<float*> gemm_workspace(KernelContext& ctx) {
-  Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(), 64);
+Result<float*> gemm_workspace(KernelContext& ctx, int64_t K) {
+  Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
   if (!ws.ok()) return ws.error();
   return static_cast<float*>(ws.value());
+}
+
+// The plain product, with the call's fused clamp.
+GemmEpilogue product(KernelContext& ctx) {
+  GemmEpilogue ep;
+  ep.clamp = ctx.output_clamp();
+  return ep;
 }
 
 }  // namespace
@@ -25,10 +32,9 @@ Error mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor&
   const int64_t M = self.size(0), K = self.size(1), N = mat2.size(1);
   const int64_t sizes[2] = {M, N};
   ETB_TRY(resize_to(out, sizes, 2));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx));
-  float* c = out.data_as<float>();
-  for (int64_t i = 0; i < M * N; ++i) c[i] = 0.f;
-  sgemm_acc(M, N, K, self.data_as<float>(), K, mat2.data_as<float>(), N, c, N, ws);
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
+  sgemm(M, N, K, self.data_as<float>(), K, mat2.data_as<float>(), N, out.data_as<float>(), N,
+        product(ctx), ws);
   return Error::Ok;
 }
 
@@ -51,27 +57,41 @@ Error addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, cons
                 (long long)M, (long long)N);
   const int64_t sizes[2] = {M, N};
   ETB_TRY(resize_to(out, sizes, 2));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx));
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
   const float b = float(beta.to_double()), a = float(alpha.to_double());
   float* c = out.data_as<float>();
   const float* s = self.data_as<float>();
+  const float* m1 = mat1.data_as<float>();
+  const float* m2 = mat2.data_as<float>();
   const bool aliases = static_cast<const void*>(s) == static_cast<const void*>(c);
-  if (a == 1.f) {
+  GemmEpilogue ep = product(ctx);
+  if (a == 1.f && b == 1.f && sm == 1 && sn == N && !aliases) {  // a linear layer's bias row
+    ep.init = GemmInit::ColBias;
+    ep.bias = s;
+    sgemm(M, N, K, m1, K, m2, N, c, N, ep, ws);
+    return Error::Ok;
+  }
+  if (a == 1.f) {  // C = beta * self, then C += mat1 * mat2 (and the clamp)
     if (!(aliases && b == 1.f && sm == M && sn == N)) {
+      if (aliases) return fail(Error::NotSupported, "addmm: out aliases a broadcast self");
       for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j)
           c[i * N + j] = b == 0.f ? 0.f : b * s[(sm == 1 ? 0 : i) * sn + (sn == 1 ? 0 : j)];
     }
-    sgemm_acc(M, N, K, mat1.data_as<float>(), K, mat2.data_as<float>(), N, c, N, ws);
+    ep.init = GemmInit::C;
+    sgemm(M, N, K, m1, K, m2, N, c, N, ep, ws);
     return Error::Ok;
   }
   if (aliases) return fail(Error::NotSupported, "addmm: alpha != 1 with out aliasing self");
-  for (int64_t i = 0; i < M * N; ++i) c[i] = 0.f;
-  sgemm_acc(M, N, K, mat1.data_as<float>(), K, mat2.data_as<float>(), N, c, N, ws);
+  sgemm(M, N, K, m1, K, m2, N, c, N, GemmEpilogue(), ws);
+  const OutputClamp& clamp = ctx.output_clamp();
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float base = b == 0.f ? 0.f : b * s[(sm == 1 ? 0 : i) * sn + (sn == 1 ? 0 : j)];
-      c[i * N + j] = base + a * c[i * N + j];
+      float v = base + a * c[i * N + j];
+      if (v < clamp.lo) v = clamp.lo;  // comparisons are false for NaN: it stays NaN
+      if (v > clamp.hi) v = clamp.hi;
+      c[i * N + j] = v;
     }
   return Error::Ok;
 }
@@ -84,12 +104,11 @@ Error bmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor
   const int64_t B = self.size(0), M = self.size(1), K = self.size(2), N = mat2.size(2);
   const int64_t sizes[3] = {B, M, N};
   ETB_TRY(resize_to(out, sizes, 3));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx));
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
   float* c = out.data_as<float>();
-  for (int64_t i = 0; i < B * M * N; ++i) c[i] = 0.f;
   for (int64_t b = 0; b < B; ++b)
-    sgemm_acc(M, N, K, self.data_as<float>() + b * M * K, K, mat2.data_as<float>() + b * K * N,
-              N, c + b * M * N, N, ws);
+    sgemm(M, N, K, self.data_as<float>() + b * M * K, K, mat2.data_as<float>() + b * K * N, N,
+          c + b * M * N, N, GemmEpilogue(), ws);
   return Error::Ok;
 }
 

@@ -1,0 +1,169 @@
+// Explicit SIMD for the kernels: one small float-vector type for the instruction set the
+// kernels are compiled for, written with intrinsics, so that a kernel written once against
+// VecF is vectorized on every target without relying on the compiler's auto-vectorizer.
+//
+//   AVX-512F (16 lanes, FMA)  when __AVX512F__         x86-64-v4, or -march=native on such a CPU
+//   AVX2 + FMA (8 lanes)      when __AVX2__ && __FMA__ x86-64-v3
+//   SSE2 (4 lanes, mul + add) any other x86-64        x86-64, x86-64-v2
+//   NEON (4 lanes, FMA)       __aarch64__             linux_aarch64, android arm64-v8a
+//   scalar (1 lane)           everything else          Cortex-M and other 32-bit cores
+//
+// The set is chosen at compile time: a host build is compiled for the build machine (or the
+// level the target names) and kernel_isa() says which path it holds.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__SSE2__)
+#include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+#define ETB_SIMD_INLINE inline __attribute__((always_inline))
+
+namespace etb {
+namespace simd {
+
+#if defined(__AVX512F__)
+#define ETB_SIMD_AVX512 1
+inline constexpr const char kIsa[] = "avx512";
+struct VecF {
+  static constexpr int kWidth = 16;
+  __m512 v;
+  static ETB_SIMD_INLINE VecF load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static ETB_SIMD_INLINE VecF broadcast(float x) { return {_mm512_set1_ps(x)}; }
+  static ETB_SIMD_INLINE VecF zero() { return {_mm512_setzero_ps()}; }
+  ETB_SIMD_INLINE void store(float* p) const { _mm512_storeu_ps(p, v); }
+  /// Lanes [0, n) from p, the rest zero (0 <= n <= kWidth); reads only those n floats.
+  static ETB_SIMD_INLINE VecF load_partial(const float* p, int n) {
+    return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1u), p)};
+  }
+  /// Stores lanes [0, n) to p; writes only those n floats.
+  ETB_SIMD_INLINE void store_partial(float* p, int n) const {
+    _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), v);
+  }
+};
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+/// a * b + c (one rounding where the set has FMA).
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+/// max(lo, x) and min(hi, x) that return x when x is NaN (as torch's clamp does).
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm512_max_ps(lo.v, x.v)}; }
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm512_min_ps(hi.v, x.v)}; }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ETB_SIMD_AVX2 1
+inline constexpr const char kIsa[] = "avx2";
+namespace detail {
+// Masks for the partial loads and stores: lanes [0, n) are &kMaskTable[8 - n].
+alignas(64) inline constexpr int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                       0,  0,  0,  0,  0,  0,  0,  0};
+ETB_SIMD_INLINE __m256i mask_of(int n) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&kMaskTable[8 - n]));
+}
+}  // namespace detail
+struct VecF {
+  static constexpr int kWidth = 8;
+  __m256 v;
+  static ETB_SIMD_INLINE VecF load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static ETB_SIMD_INLINE VecF broadcast(float x) { return {_mm256_set1_ps(x)}; }
+  static ETB_SIMD_INLINE VecF zero() { return {_mm256_setzero_ps()}; }
+  ETB_SIMD_INLINE void store(float* p) const { _mm256_storeu_ps(p, v); }
+  static ETB_SIMD_INLINE VecF load_partial(const float* p, int n) {
+    return {_mm256_maskload_ps(p, detail::mask_of(n))};
+  }
+  ETB_SIMD_INLINE void store_partial(float* p, int n) const {
+    _mm256_maskstore_ps(p, detail::mask_of(n), v);
+  }
+};
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm256_max_ps(lo.v, x.v)}; }
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm256_min_ps(hi.v, x.v)}; }
+
+#elif defined(__SSE2__)
+#define ETB_SIMD_SSE2 1
+inline constexpr const char kIsa[] = "sse2";
+struct VecF {
+  static constexpr int kWidth = 4;
+  __m128 v;
+  static ETB_SIMD_INLINE VecF load(const float* p) { return {_mm_loadu_ps(p)}; }
+  static ETB_SIMD_INLINE VecF broadcast(float x) { return {_mm_set1_ps(x)}; }
+  static ETB_SIMD_INLINE VecF zero() { return {_mm_setzero_ps()}; }
+  ETB_SIMD_INLINE void store(float* p) const { _mm_storeu_ps(p, v); }
+  static ETB_SIMD_INLINE VecF load_partial(const float* p, int n) {
+    alignas(16) float t[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = 0; i < n; ++i) t[i] = p[i];
+    return {_mm_load_ps(t)};
+  }
+  ETB_SIMD_INLINE void store_partial(float* p, int n) const {
+    alignas(16) float t[4];
+    _mm_store_ps(t, v);
+    for (int i = 0; i < n; ++i) p[i] = t[i];
+  }
+};
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm_add_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm_mul_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {  // no FMA before x86-64-v3
+  return {_mm_add_ps(_mm_mul_ps(a.v, b.v), c.v)};
+}
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm_max_ps(lo.v, x.v)}; }
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm_min_ps(hi.v, x.v)}; }
+
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define ETB_SIMD_NEON 1
+inline constexpr const char kIsa[] = "neon";
+struct VecF {
+  static constexpr int kWidth = 4;
+  float32x4_t v;
+  static ETB_SIMD_INLINE VecF load(const float* p) { return {vld1q_f32(p)}; }
+  static ETB_SIMD_INLINE VecF broadcast(float x) { return {vdupq_n_f32(x)}; }
+  static ETB_SIMD_INLINE VecF zero() { return {vdupq_n_f32(0.f)}; }
+  ETB_SIMD_INLINE void store(float* p) const { vst1q_f32(p, v); }
+  static ETB_SIMD_INLINE VecF load_partial(const float* p, int n) {
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = 0; i < n; ++i) t[i] = p[i];
+    return {vld1q_f32(t)};
+  }
+  ETB_SIMD_INLINE void store_partial(float* p, int n) const {
+    float t[4];
+    vst1q_f32(t, v);
+    for (int i = 0; i < n; ++i) p[i] = t[i];
+  }
+};
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {vaddq_f32(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {vmulq_f32(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {vfmaq_f32(c.v, a.v, b.v)}; }
+// NEON's max/min return NaN when either operand is NaN.
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {vmaxq_f32(lo.v, x.v)}; }
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {vminq_f32(hi.v, x.v)}; }
+
+#else
+#define ETB_SIMD_SCALAR 1
+inline constexpr const char kIsa[] = "scalar";
+struct VecF {
+  static constexpr int kWidth = 1;
+  float v;
+  static ETB_SIMD_INLINE VecF load(const float* p) { return {*p}; }
+  static ETB_SIMD_INLINE VecF broadcast(float x) { return {x}; }
+  static ETB_SIMD_INLINE VecF zero() { return {0.f}; }
+  ETB_SIMD_INLINE void store(float* p) const { *p = v; }
+  static ETB_SIMD_INLINE VecF load_partial(const float* p, int n) { return {n > 0 ? *p : 0.f}; }
+  ETB_SIMD_INLINE void store_partial(float* p, int n) const {
+    if (n > 0) *p = v;
+  }
+};
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {a.v + b.v}; }
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {a.v * b.v}; }
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {a.v * b.v + c.v}; }
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {x.v < lo.v ? lo.v : x.v}; }
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {x.v > hi.v ? hi.v : x.v}; }
+#endif
+
+/// lo <= x <= hi lane by lane; a NaN lane stays NaN.
+ETB_SIMD_INLINE VecF clamp(VecF x, VecF lo, VecF hi) { return min_nan(hi, max_nan(lo, x)); }
+
+}  // namespace simd
+}  // namespace etb
