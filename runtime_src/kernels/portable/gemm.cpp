@@ -21,19 +21,24 @@ namespace {
 using simd::VecF;
 constexpr int kW = VecF::kWidth;
 
+// kMR x kNV vectors: the tile of a general product. kWideNV: vectors per row of the wider
+// tiles used when A has one or two rows (a linear layer at batch 1): each step k then reads a
+// longer contiguous run of B's row k, which is what limits a matrix-vector product.
 #if defined(ETB_SIMD_AVX512)
-constexpr int kMR = 8, kNV = 2;  // 8 x 32: 16 zmm accumulators
+constexpr int kMR = 8, kNV = 2, kWideNV = 4;  // 8 x 32: 16 zmm accumulators
 #elif defined(ETB_SIMD_AVX2)
-constexpr int kMR = 6, kNV = 2;  // 6 x 16: 12 ymm accumulators
+constexpr int kMR = 6, kNV = 2, kWideNV = 8;  // 6 x 16: 12 ymm accumulators
 #elif defined(ETB_SIMD_NEON)
-constexpr int kMR = 6, kNV = 4;  // 6 x 16: 24 of the 32 q registers
+constexpr int kMR = 6, kNV = 4, kWideNV = 8;  // 6 x 16: 24 of the 32 q registers
 #elif defined(ETB_SIMD_SSE2)
-constexpr int kMR = 4, kNV = 2;  // 4 x 8: 8 of the 16 xmm registers
+constexpr int kMR = 4, kNV = 2, kWideNV = 8;  // 4 x 8: 8 of the 16 xmm registers
 #else
-constexpr int kMR = 4, kNV = 4;  // 4 x 4 scalars
+constexpr int kMR = 4, kNV = 4, kWideNV = 4;  // 4 x 4 scalars
 #endif
-constexpr int kNR = kNV * kW;             // tile width in floats
+constexpr int kMaxNR = (kNV > kWideNV ? kNV : kWideNV) * kW;  // widest tile, in floats
 constexpr int64_t kBlockBytes = 192 << 10;  // K x NC slice of B per column block
+
+constexpr int64_t kPrefetchRows = 8;  // how far ahead the tile fetches rows of B
 
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -82,6 +87,11 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) ap[i] = a + i * lda;
   for (int64_t k = 0; k < K; ++k) {
+    // Rows of B lie ldb apart (a whole activation plane for a 1x1 convolution): fetch the row
+    // a few steps ahead, which the hardware prefetchers do not predict across pages.
+#pragma GCC unroll 4
+    for (int line = 0; line < (NV * kW * 4 + 63) / 64; ++line)
+      __builtin_prefetch(b + kPrefetchRows * ldb + line * 16);
     VecF bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = VecF::load(b + v * kW);
@@ -113,64 +123,87 @@ using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, f
 
 // The tile function for mr rows (1 <= mr <= kMR) and NV vectors.
 template <int NV, int... I>
-constexpr TileFn tile_for(int mr) {
+constexpr TileFn tile_for(int mr, std::integer_sequence<int, I...>) {
   constexpr TileFn fns[] = {&tile<I + 1, NV>...};
   return fns[mr - 1];
 }
-template <int NV, int... I>
-constexpr TileFn select_tile(int mr, std::integer_sequence<int, I...>) {
-  return tile_for<NV, I...>(mr);
-}
-template <int NV>
+template <int MR, int NV>
 TileFn tile_fn(int mr) {
-  return select_tile<NV>(mr, std::make_integer_sequence<int, kMR>());
+  return tile_for<NV>(mr, std::make_integer_sequence<int, MR>());
 }
 
-}  // namespace
-
-size_t sgemm_workspace_bytes(int64_t K) { return size_t(K > 0 ? K : 1) * kNR * sizeof(float); }
-
-void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
-  if (M <= 0 || N <= 0) return;
-  TileEpilogue te{ep.init, ep.bias, ep.clamp.active(), ep.clamp.lo, ep.clamp.hi};
-  // Columns per block: a multiple of the tile width whose K x NC slice of B fits the budget.
-  int64_t nc_block = kBlockBytes / (int64_t(sizeof(float)) * (K > 0 ? K : 1));
+// The blocked product with tiles of up to MR rows and NV vectors, over column blocks of
+// nc_block and depth blocks of kc_block (later depth blocks add to C; the clamp waits for the
+// last one).
+template <int MR, int NV>
+void blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, int64_t nc_block,
+             int64_t kc_block, float* workspace) {
+  constexpr int kNR = NV * kW;
   nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
   for (int64_t n0 = 0; n0 < N; n0 += nc_block) {
     const int64_t nc = min64(nc_block, N - n0);
     const int64_t nfull = nc / kNR * kNR;
     const int rem = int(nc - nfull);
-    // The last columns: a zero-padded [K x tail_w] panel, so the tail tile reads full vectors.
-    const int tail_nv = rem <= kW ? 1 : kNV;
+    const int tail_nv = rem <= kW ? 1 : NV;
     const int tail_w = tail_nv * kW;
-    if (rem > 0) {
-      for (int64_t k = 0; k < K; ++k) {
-        const float* src = B + k * ldb + n0 + nfull;
-        float* dst = workspace + k * tail_w;
-        int j = 0;
-        for (; j < rem; ++j) dst[j] = src[j];
-        for (; j < tail_w; ++j) dst[j] = 0.f;
-      }
-    }
-    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-      const int mr = int(min64(kMR, M - m0));
-      const TileFn full_tile = tile_fn<kNV>(mr);
-      const float* a = A + m0 * lda;
-      float* c = C + m0 * ldc + n0;
-      TileEpilogue e = te;
-      if (ep.init == GemmInit::RowBias) e.bias = ep.bias + m0;
-      for (int64_t j = 0; j < nfull; j += kNR) {
-        if (ep.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
-        full_tile(K, a, lda, B + n0 + j, ldb, c + j, ldc, kNR, e);
-      }
+    for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_block) {
+      const int64_t kc = min64(kc_block, K - k0);
+      const bool last = k0 + kc >= K;
+      TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, last && ep.clamp.active(),
+                     ep.clamp.lo, ep.clamp.hi};
+      // The last columns: a zero-padded [kc x tail_w] panel, so the tail tile reads full
+      // vectors.
       if (rem > 0) {
-        if (ep.init == GemmInit::ColBias) e.bias = ep.bias + n0 + nfull;
-        const TileFn tail_tile = tail_nv == 1 ? tile_fn<1>(mr) : full_tile;
-        tail_tile(K, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
+        for (int64_t k = 0; k < kc; ++k) {
+          const float* src = B + (k0 + k) * ldb + n0 + nfull;
+          float* dst = workspace + k * tail_w;
+          int j = 0;
+          for (; j < rem; ++j) dst[j] = src[j];
+          for (; j < tail_w; ++j) dst[j] = 0.f;
+        }
+      }
+      const float* b = B + k0 * ldb + n0;
+      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const int mr = int(min64(MR, M - m0));
+        const TileFn full_tile = tile_fn<MR, NV>(mr);
+        const float* a = A + m0 * lda + k0;
+        float* c = C + m0 * ldc + n0;
+        if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
+        for (int64_t j = 0; j < nfull; j += kNR) {
+          if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
+          full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
+        }
+        if (rem > 0) {
+          if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + nfull;
+          const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
+          tail_tile(kc, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
+        }
       }
     }
   }
+}
+
+}  // namespace
+
+size_t sgemm_workspace_bytes(int64_t K) { return size_t(K > 0 ? K : 1) * kMaxNR * sizeof(float); }
+
+void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
+  if (M <= 0 || N <= 0) return;
+  // A general product: column blocks whose K x NC slice of B stays in L2, whole depth.
+  if (M > 2) {
+    int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (K > 0 ? K : 1));
+    blocked<kMR, kNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, nc, K, workspace);
+    return;
+  }
+  // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each
+  // sweep the whole width, so B is read as a few long contiguous runs at a time.
+  constexpr int64_t kDepthBlock = 64;
+  if (M == 1)
+    blocked<1, kWideNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
+  else
+    blocked<2, kWideNV / 2>(M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
 }
 
 }  // namespace native

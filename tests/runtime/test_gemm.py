@@ -1,0 +1,112 @@
+"""The fp32 GEMM behind linear, matmul and convolution, against torch on randomized shapes:
+row counts that use the one- and two-row tiles (depth split in blocks) and the general tile
+with a partial last row block, column counts with every tail width, and the epilogues
+(column bias, row bias, accumulate into a scaled self, fused clamp)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from rt_helpers import assert_matches
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(self, k: int, n: int, act: nn.Module | None) -> None:
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+        self.act = act or nn.Identity()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class AddMM(nn.Module):
+    def __init__(self, beta: float, alpha: float) -> None:
+        super().__init__()
+        self.beta, self.alpha = beta, alpha
+
+    def forward(self, s, a, b):
+        return torch.addmm(s, a, b, beta=self.beta, alpha=self.alpha)
+
+
+def _check(rt, pipeline_program, module, inputs):
+    module.eval()
+    with torch.no_grad():
+        want = module(*inputs)
+    (got,) = rt.load(str(pipeline_program(module, inputs))).run(list(inputs))
+    if want.numel() >= 8:  # outputs of order one that vary
+        assert want.abs().max() > 0.1 and want.std() > 0.01
+    assert_matches(got, want, 1e-4)
+
+
+SHAPES = [  # (M, K, N): M 1 and 2 take the wide tiles with depth blocks of 64
+    (1, 1, 1), (1, 200, 1000), (1, 65, 33), (2, 130, 17), (2, 7, 64),
+    (3, 33, 9), (6, 16, 16), (7, 100, 47), (13, 64, 129), (33, 5, 250),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_linear(rt, pipeline_program, m, k, n, act):
+    torch.manual_seed(m * 1000 + k * 10 + n)
+    acts = {None: None, "relu": nn.ReLU(), "relu6": nn.ReLU6()}
+    module = Linear(k, n, acts[act])
+    with torch.no_grad():  # weights of order one, so outputs are too
+        module.fc.weight.normal_(0, k**-0.5 * 2)
+        module.fc.bias.normal_(0, 1)
+    _check(rt, pipeline_program, module, [torch.randn(m, k)])
+
+
+@pytest.mark.parametrize(
+    "beta,alpha", [(1.0, 1.0), (0.5, 1.0), (0.0, 1.0), (1.0, 0.5), (2.0, -1.5)]
+)
+@pytest.mark.parametrize("bias_shape", ["row", "full", "column"])
+def test_addmm_epilogues(rt, pipeline_program, beta, alpha, bias_shape):
+    rng = random.Random(hash((beta, alpha, bias_shape)) & 0xFFFF)
+    m, k, n = rng.randint(1, 20), rng.randint(1, 90), rng.randint(1, 70)
+    shape = {"row": (n,), "full": (m, n), "column": (m, 1)}[bias_shape]
+    torch.manual_seed(rng.randint(0, 1 << 30))
+    inputs = [torch.randn(shape), torch.randn(m, k), torch.randn(k, n)]
+    _check(rt, pipeline_program, AddMM(beta, alpha), inputs)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matmul_random(rt, pipeline_program, seed):
+    rng = random.Random(seed)
+    b, m, k, n = rng.randint(1, 3), rng.randint(1, 40), rng.randint(1, 300), rng.randint(1, 90)
+    torch.manual_seed(seed)
+
+    class MatMul(nn.Module):
+        def forward(self, x, y):
+            return x @ y
+
+    _check(rt, pipeline_program, MatMul(), [torch.randn(b, m, k), torch.randn(b, k, n)])
+    _check(rt, pipeline_program, MatMul(), [torch.randn(m, k), torch.randn(k, n)])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pointwise_and_im2col_convolutions(rt, pipeline_program, seed):
+    rng = random.Random(100 + seed)
+    groups = rng.choice([1, 1, 2, 3])
+    cin = groups * rng.randint(1, 13)
+    cout = groups * rng.randint(1, 21)
+    k = rng.choice([1, 1, 3, 5])
+    stride = rng.choice([1, 2]) if k > 1 else 1
+    pad = rng.randint(0, k // 2)
+    conv = nn.Conv2d(
+        cin,
+        cout,
+        k,
+        stride,
+        pad,
+        dilation=rng.choice([1, 2]) if k == 3 else 1,
+        groups=groups,
+        bias=rng.random() < 0.7,
+    )
+    module = nn.Sequential(conv, nn.ReLU6()) if rng.random() < 0.5 else conv
+    torch.manual_seed(seed)
+    x = torch.randn(rng.randint(1, 2), cin, rng.randint(5, 30), rng.randint(5, 30))
+    _check(rt, pipeline_program, module, [x])
