@@ -44,13 +44,40 @@ struct VecF {
     _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1u), v);
   }
 };
-ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) {
+  return {_mm512_add_ps(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
+  return {_mm512_mul_ps(a.v, b.v)};
+}
 /// a * b + c (one rounding where the set has FMA).
-ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+}
 /// max(lo, x) and min(hi, x) that return x when x is NaN (as torch's clamp does).
-ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm512_max_ps(lo.v, x.v)}; }
-ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm512_min_ps(hi.v, x.v)}; }
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
+  return {_mm512_max_ps(lo.v, x.v)};
+}
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
+  return {_mm512_min_ps(hi.v, x.v)};
+}
+/// Lanes p[0], p[2], ..., p[2 * (kWidth - 1)]; reads p[0 .. 2 * kWidth).
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16))};
+}
+/// Per lane: x > m, or x is NaN (the lanes a running maximum takes, torch's rule).
+struct MaskF {
+  __mmask16 m;
+};
+ETB_SIMD_INLINE MaskF takes_max(VecF x, VecF m) {
+  return {__mmask16(_mm512_cmp_ps_mask(x.v, m.v, _CMP_GT_OQ) |
+                    _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q))};
+}
+/// a where the mask is set, else b.
+ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {
+  return {_mm512_mask_blend_ps(k.m, b.v, a.v)};
+}
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #define ETB_SIMD_AVX2 1
@@ -77,11 +104,35 @@ struct VecF {
     _mm256_maskstore_ps(p, detail::mask_of(n), v);
   }
 };
-ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm256_max_ps(lo.v, x.v)}; }
-ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm256_min_ps(hi.v, x.v)}; }
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) {
+  return {_mm256_add_ps(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
+  return {_mm256_mul_ps(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
+  return {_mm256_fmadd_ps(a.v, b.v, c.v)};
+}
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
+  return {_mm256_max_ps(lo.v, x.v)};
+}
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
+  return {_mm256_min_ps(hi.v, x.v)};
+}
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  // [p0 p2 p8 p10 | p4 p6 p12 p14] -> [p0 p2 p4 p6 p8 p10 p12 p14]
+  const __m256 mixed = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);
+  return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mixed), 0xD8))};
+}
+struct MaskF {
+  __m256 m;
+};
+ETB_SIMD_INLINE MaskF takes_max(VecF x, VecF m) {
+  return {_mm256_or_ps(_mm256_cmp_ps(x.v, m.v, _CMP_GT_OQ), _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q))};
+}
+ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {
+  return {_mm256_blendv_ps(b.v, a.v, k.m)};
+}
 
 #elif defined(__SSE2__)
 #define ETB_SIMD_SSE2 1
@@ -104,13 +155,33 @@ struct VecF {
     for (int i = 0; i < n; ++i) p[i] = t[i];
   }
 };
-ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {_mm_add_ps(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {_mm_mul_ps(a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) {
+  return {_mm_add_ps(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
+  return {_mm_mul_ps(a.v, b.v)};
+}
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {  // no FMA before x86-64-v3
   return {_mm_add_ps(_mm_mul_ps(a.v, b.v), c.v)};
 }
-ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {_mm_max_ps(lo.v, x.v)}; }
-ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {_mm_min_ps(hi.v, x.v)}; }
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
+  return {_mm_max_ps(lo.v, x.v)};
+}
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
+  return {_mm_min_ps(hi.v, x.v)};
+}
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  return {_mm_shuffle_ps(_mm_loadu_ps(p), _mm_loadu_ps(p + 4), 0x88)};
+}
+struct MaskF {
+  __m128 m;
+};
+ETB_SIMD_INLINE MaskF takes_max(VecF x, VecF m) {
+  return {_mm_or_ps(_mm_cmpgt_ps(x.v, m.v), _mm_cmpunord_ps(x.v, x.v))};
+}
+ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {  // SSE2 has no blendv
+  return {_mm_or_ps(_mm_and_ps(k.m, a.v), _mm_andnot_ps(k.m, b.v))};
+}
 
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #define ETB_SIMD_NEON 1
@@ -133,12 +204,35 @@ struct VecF {
     for (int i = 0; i < n; ++i) p[i] = t[i];
   }
 };
-ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {vaddq_f32(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {vmulq_f32(a.v, b.v)}; }
-ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {vfmaq_f32(c.v, a.v, b.v)}; }
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) {
+  return {vaddq_f32(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
+  return {vmulq_f32(a.v, b.v)};
+}
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
+  return {vfmaq_f32(c.v, a.v, b.v)};
+}
 // NEON's max/min return NaN when either operand is NaN.
-ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {vmaxq_f32(lo.v, x.v)}; }
-ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {vminq_f32(hi.v, x.v)}; }
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
+  return {vmaxq_f32(lo.v, x.v)};
+}
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
+  return {vminq_f32(hi.v, x.v)};
+}
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  return {vuzp1q_f32(vld1q_f32(p), vld1q_f32(p + 4))};
+}
+struct MaskF {
+  uint32x4_t m;
+};
+ETB_SIMD_INLINE MaskF takes_max(VecF x, VecF m) {
+  // x != x is true exactly for NaN.
+  return {vorrq_u32(vcgtq_f32(x.v, m.v), vmvnq_u32(vceqq_f32(x.v, x.v)))};
+}
+ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {
+  return {vbslq_f32(k.m, a.v, b.v)};
+}
 
 #else
 #define ETB_SIMD_SCALAR 1
@@ -155,15 +249,39 @@ struct VecF {
     if (n > 0) *p = v;
   }
 };
-ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) { return {a.v + b.v}; }
-ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) { return {a.v * b.v}; }
-ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) { return {a.v * b.v + c.v}; }
-ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) { return {x.v < lo.v ? lo.v : x.v}; }
-ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) { return {x.v > hi.v ? hi.v : x.v}; }
+ETB_SIMD_INLINE VecF operator+(VecF a, VecF b) {
+  return {a.v + b.v};
+}
+ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
+  return {a.v * b.v};
+}
+ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
+  return {a.v * b.v + c.v};
+}
+ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
+  return {x.v < lo.v ? lo.v : x.v};
+}
+ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
+  return {x.v > hi.v ? hi.v : x.v};
+}
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  return {*p};
+}
+struct MaskF {
+  bool m;
+};
+ETB_SIMD_INLINE MaskF takes_max(VecF x, VecF m) {
+  return {x.v > m.v || x.v != x.v};
+}
+ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {
+  return {k.m ? a.v : b.v};
+}
 #endif
 
 /// lo <= x <= hi lane by lane; a NaN lane stays NaN.
-ETB_SIMD_INLINE VecF clamp(VecF x, VecF lo, VecF hi) { return min_nan(hi, max_nan(lo, x)); }
+ETB_SIMD_INLINE VecF clamp(VecF x, VecF lo, VecF hi) {
+  return min_nan(hi, max_nan(lo, x));
+}
 
 }  // namespace simd
 }  // namespace etb

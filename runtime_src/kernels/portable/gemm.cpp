@@ -36,11 +36,13 @@ constexpr int kMR = 4, kNV = 2, kWideNV = 8;  // 4 x 8: 8 of the 16 xmm register
 constexpr int kMR = 4, kNV = 4, kWideNV = 4;  // 4 x 4 scalars
 #endif
 constexpr int kMaxNR = (kNV > kWideNV ? kNV : kWideNV) * kW;  // widest tile, in floats
-constexpr int64_t kBlockBytes = 192 << 10;  // K x NC slice of B per column block
+constexpr int64_t kBlockBytes = 192 << 10;                    // K x NC slice of B per column block
 
 constexpr int64_t kPrefetchRows = 8;  // how far ahead the tile fetches rows of B
 
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 // What a tile needs to start and finish: the epilogue at the tile's origin.
 struct TileEpilogue {
@@ -64,12 +66,8 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
       const int cols = nr - v * kW;  // valid lanes of this vector (may be <= 0)
       switch (e.init) {
         case GemmInit::Zero:
-        default:
-          acc[i][v] = VecF::zero();
-          break;
-        case GemmInit::RowBias:
-          acc[i][v] = VecF::broadcast(e.bias[i]);
-          break;
+        default: acc[i][v] = VecF::zero(); break;
+        case GemmInit::RowBias: acc[i][v] = VecF::broadcast(e.bias[i]); break;
         case GemmInit::ColBias:
           acc[i][v] = full || cols >= kW ? VecF::load(e.bias + v * kW)
                       : cols > 0         ? VecF::load_partial(e.bias + v * kW, cols)
@@ -118,8 +116,8 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        int, const TileEpilogue&);
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, int,
+                        const TileEpilogue&);
 
 // The tile function for mr rows (1 <= mr <= kMR) and NV vectors.
 template <int NV, int... I>
@@ -186,15 +184,21 @@ void blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const
 
 }  // namespace
 
-size_t sgemm_workspace_bytes(int64_t K) { return size_t(K > 0 ? K : 1) * kMaxNR * sizeof(float); }
+size_t sgemm_workspace_bytes(int64_t K) {
+  return size_t(K > 0 ? K : 1) * kMaxNR * sizeof(float);
+}
 
 void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
            int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
   if (M <= 0 || N <= 0) return;
-  // A general product: column blocks whose K x NC slice of B stays in L2, whole depth.
+  // A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
+  // column blocks whose kc x NC slice of B stays in L2.
   if (M > 2) {
-    int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (K > 0 ? K : 1));
-    blocked<kMR, kNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, nc, K, workspace);
+    constexpr int64_t kMaxDepth = 512;
+    const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
+    const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
+    const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
+    blocked<kMR, kNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, workspace);
     return;
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each

@@ -1,15 +1,17 @@
 // Reductions and pooling on Float tensors: softmax, layer norm, mean, average and max pools.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
+#include "kernels/simd.h"
 #include "native_functions.h"
 
 namespace etb {
 namespace native {
 
 Error softmax_out(KernelContext&, const Tensor& self, int64_t dim, bool half_to_float,
-                   Tensor& out) {
+                  Tensor& out) {
   if (half_to_float) return fail(Error::NotSupported, "softmax: half_to_float is not supported");
   int64_t d = 0;
   ETB_TRY(wrap_dim(dim, self.dim(), &d, "softmax"));
@@ -93,8 +95,8 @@ Error native_layer_norm_out(KernelContext&, const Tensor& input,
   return Error::Ok;
 }
 
-Error mean_out(KernelContext&, const Tensor& self, Optional<Span<const int64_t>> dim,
-               bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+Error mean_out(KernelContext&, const Tensor& self, Optional<Span<const int64_t>> dim, bool keepdim,
+               Optional<ScalarType> dtype, Tensor& out) {
   if (dtype.has_value && dtype.value != ScalarType::Float)
     return fail(Error::NotSupported, "mean: dtype %s is not supported",
                 scalar_type_name(dtype.value));
@@ -195,22 +197,24 @@ Error parse_pool(const char* op, Span<const int64_t> k, Span<const int64_t> s,
   if (k.size() == 0 || !pair_items(k, 1, 1, &o->kh, &o->kw) ||
       !pair_items(s, o->kh, o->kw, &o->sh, &o->sw) || !pair_items(p, 0, 0, &o->ph, &o->pw) ||
       !pair_items(d, 1, 1, &o->dh, &o->dw))
-    return fail(Error::InvalidArgument, "%s: kernel/stride/padding/dilation must have 1 or 2 "
-                "items", op);
+    return fail(Error::InvalidArgument,
+                "%s: kernel/stride/padding/dilation must have 1 or 2 "
+                "items",
+                op);
   constexpr int64_t kLimit = int64_t(1) << 30;
   if (o->kh > kLimit || o->kw > kLimit || o->sh > kLimit || o->sw > kLimit || o->dh > kLimit ||
       o->dw > kLimit)
     return fail(Error::InvalidArgument, "%s: kernel, stride or dilation too large", op);
-  if (o->kh < 1 || o->kw < 1 || o->sh < 1 || o->sw < 1 || o->dh < 1 || o->dw < 1 ||
-      o->ph < 0 || o->pw < 0 || o->ph * 2 > o->kh || o->pw * 2 > o->kw)
+  if (o->kh < 1 || o->kw < 1 || o->sh < 1 || o->sw < 1 || o->dh < 1 || o->dw < 1 || o->ph < 0 ||
+      o->pw < 0 || o->ph * 2 > o->kh || o->pw * 2 > o->kw)
     return fail(Error::InvalidArgument, "%s: invalid kernel, stride, padding or dilation", op);
   return Error::Ok;
 }
 
 }  // namespace
 
-Error adaptive_avg_pool2d_out(KernelContext&, const Tensor& self,
-                               Span<const int64_t> output_size, Tensor& out) {
+Error adaptive_avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> output_size,
+                              Tensor& out) {
   int64_t planes = 0, H = 0, W = 0;
   ETB_TRY(planes_of(self, "adaptive_avg_pool2d", &planes, &H, &W));
   if (output_size.size() != 2 || output_size[0] < 0 || output_size[1] < 0)
@@ -250,8 +254,7 @@ Error avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> ker
     return fail(Error::InvalidArgument, "avg_pool2d: divisor_override must be nonzero");
   const int64_t OH = pooled_size(H, q.kh, q.ph, q.sh, 1, ceil_mode);
   const int64_t OW = pooled_size(W, q.kw, q.pw, q.sw, 1, ceil_mode);
-  if (OH <= 0 || OW <= 0)
-    return fail(Error::InvalidArgument, "avg_pool2d: output would be empty");
+  if (OH <= 0 || OW <= 0) return fail(Error::InvalidArgument, "avg_pool2d: output would be empty");
   ETB_TRY(resize_pooled(self, out, OH, OW));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
@@ -271,14 +274,51 @@ Error avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> ker
         for (int64_t h = h0; h < h1; ++h)
           for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
         int64_t div = divisor_override.has_value ? divisor_override.value
-                      : count_include_pad      ? pool
-                                               : (h1 - h0) * (w1 - w0);
+                      : count_include_pad        ? pool
+                                                 : (h1 - h0) * (w1 - w0);
         y[(p * OH + oh) * OW + ow] = div == 0 ? 0.f : s / float(div);
       }
     }
   }
   return Error::Ok;
 }
+
+// The taps [lo, hi) of a pooling window starting at `start` (dilation `dil`, `k` taps) that
+// fall inside [0, size): the loops over them need no bounds checks.
+namespace {
+inline int64_t tap_lo(int64_t start, int64_t dil) {
+  return start < 0 ? (-start + dil - 1) / dil : 0;
+}
+inline int64_t tap_hi(int64_t start, int64_t dil, int64_t k, int64_t size) {
+  if (start >= size) return 0;
+  const int64_t n = (size - start + dil - 1) / dil;
+  return n < k ? n : k;
+}
+// Output ow of one row of a max pool: the largest tap and its index in the plane; a NaN wins
+// (the last one), as in torch. Written without branches: a branch per tap on random data
+// mispredicts half the time.
+template <typename I>
+void scalar_max(const float* xp, int64_t W, const Pool2d& q, int64_t h0, int64_t kh_lo,
+                int64_t kh_hi, int64_t ow, float* y_row, I* idx_row) {
+  const int64_t w0 = ow * q.sw - q.pw;
+  const int64_t kw_lo = tap_lo(w0, q.dw), kw_hi = tap_hi(w0, q.dw, q.kw, W);
+  float m = -INFINITY;
+  int64_t mi = -1;
+  for (int64_t kh = kh_lo; kh < kh_hi; ++kh) {
+    const int64_t h = h0 + kh * q.dh;
+    for (int64_t kw = kw_lo; kw < kw_hi; ++kw) {
+      const int64_t w = w0 + kw * q.dw;
+      const float v = xp[h * W + w];
+      const bool take = (v > m) | (v != v) | (mi < 0);
+      m = take ? v : m;
+      mi = take ? h * W + w : mi;
+    }
+  }
+  y_row[ow] = m;
+  idx_row[ow] = I(mi);
+}
+
+}  // namespace
 
 Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
                                   Span<const int64_t> kernel_size, Span<const int64_t> stride,
@@ -298,33 +338,65 @@ Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
                                 dtype_set(ScalarType::Long, ScalarType::Int);
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
+  // Vectors of kL adjacent outputs where every tap is inside the row (stride 1 or 2, no
+  // column dilation); indices travel as floats, exact while a plane has < 2^24 elements.
+  constexpr int64_t kL = simd::VecF::kWidth;
+  const bool vector_ok = (q.sw == 1 || q.sw == 2) && q.dw == 1 && H * W < (int64_t(1) << 24);
+  const int64_t over_read = q.sw - 1;             // load_even reads one float past its last lane
+  const int64_t ow_a = (q.pw + q.sw - 1) / q.sw;  // first output whose window starts >= 0
+  const int64_t last_in = W - q.kw - over_read + q.pw;
+  const int64_t ow_b = !vector_ok || last_in < 0 ? 0 : std::min(OW, last_in / q.sw + 1);
+  alignas(64) float lane_offsets[kL];
+  for (int64_t i = 0; i < kL; ++i) lane_offsets[i] = float(i * q.sw);
   const bool built = dispatch_dtype<kIndices>(indices.dtype(), [&](auto c) {
     using I = decltype(c);
     I* idx = indices.data_as<I>();
+    // kL outputs from ow on, all of whose taps are inside the plane.
+    auto vector_block = [&](const float* xp, int64_t h0, int64_t ow, float* y_out, I* i_out) {
+      using simd::VecF;
+      const VecF lanes = VecF::load(lane_offsets);
+      VecF m, mi;
+      bool first = true;
+      for (int64_t kh = 0; kh < q.kh; ++kh) {
+        const int64_t row = (h0 + kh * q.dh) * W;
+        for (int64_t kw = 0; kw < q.kw; ++kw) {
+          const int64_t base = row + ow * q.sw - q.pw + kw;
+          const VecF v = q.sw == 1 ? VecF::load(xp + base) : simd::load_even(xp + base);
+          const VecF at = VecF::broadcast(float(base)) + lanes;
+          if (first) {
+            m = v;
+            mi = at;
+            first = false;
+          } else {
+            const simd::MaskF take = simd::takes_max(v, m);
+            m = simd::select(take, v, m);
+            mi = simd::select(take, at, mi);
+          }
+        }
+      }
+      alignas(64) float at[kL];
+      m.store(y_out);
+      mi.store(at);
+      for (int64_t i = 0; i < kL; ++i) i_out[i] = I(at[i]);
+    };
     for (int64_t p = 0; p < planes; ++p) {
       const float* xp = x + p * H * W;
       for (int64_t oh = 0; oh < OH; ++oh) {
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          float m = -INFINITY;
-          int64_t mi = -1;
-          for (int64_t kh = 0; kh < q.kh; ++kh) {
-            const int64_t h = oh * q.sh - q.ph + kh * q.dh;
-            if (h < 0 || h >= H) continue;
-            for (int64_t kw = 0; kw < q.kw; ++kw) {
-              const int64_t w = ow * q.sw - q.pw + kw * q.dw;
-              if (w < 0 || w >= W) continue;
-              const float v = xp[h * W + w];
-              if (v > m || std::isnan(v) || mi < 0) {
-                m = v;
-                mi = h * W + w;
-                if (std::isnan(v)) break;
-              }
-            }
+        const int64_t h0 = oh * q.sh - q.ph;
+        const int64_t kh_lo = tap_lo(h0, q.dh), kh_hi = tap_hi(h0, q.dh, q.kh, H);
+        const int64_t o_row = (p * OH + oh) * OW;
+        int64_t ow = 0;
+        if (kh_lo == 0 && kh_hi == q.kh && ow_b > ow_a) {
+          for (; ow < ow_a; ++ow)
+            scalar_max(xp, W, q, h0, kh_lo, kh_hi, ow, y + o_row, idx + o_row);
+          for (; ow + kL <= ow_b; ow += kL)
+            vector_block(xp, h0, ow, y + o_row + ow, idx + o_row + ow);
+          if (ow < ow_b && ow_b - kL >= ow_a) {  // the last block overlaps the one before it
+            vector_block(xp, h0, ow_b - kL, y + o_row + ow_b - kL, idx + o_row + ow_b - kL);
+            ow = ow_b;
           }
-          const int64_t o = (p * OH + oh) * OW + ow;
-          y[o] = m;
-          idx[o] = I(mi);
         }
+        for (; ow < OW; ++ow) scalar_max(xp, W, q, h0, kh_lo, kh_hi, ow, y + o_row, idx + o_row);
       }
     }
   });
