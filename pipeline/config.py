@@ -7,6 +7,7 @@ config is composed, with OmegaConf's message naming the full key and the allowed
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -176,6 +177,15 @@ class FloatAbi(Enum):
     hard = "hard"
 
 
+# target.march reaches the compiler's command line (-march=<value>): one word that starts with
+# a letter or digit, no spaces and no shell or CMake metacharacters ("" is the same as null).
+MARCH_PATTERN = r"([A-Za-z0-9][A-Za-z0-9._+-]*)?"
+MARCH_EXPECTED = (
+    "an -march value (a letter or digit, then letters, digits and . _ + -; e.g. native, "
+    "x86-64-v3, armv8.2-a), or null for the toolchain's default"
+)
+
+
 @dataclass
 class TargetConfig:
     """The device toolchain. Absent means the build machine itself.
@@ -186,6 +196,12 @@ class TargetConfig:
     ``abi`` and ``api_level``. ``qemu`` runs a linux_aarch64 runner here with
     ``qemu-aarch64 -L <qemu_sysroot>``. cortex_m (bare metal, ``arm-none-eabi-``): ``cpu``
     (``-mcpu``), ``fpu`` (``-mfpu``; null for none) and ``float_abi`` (``-mfloat-abi``).
+
+    ``march`` is the instruction-set level the kernels are compiled for (their ``-march``, the
+    runtime's ``ETB_ARCH``), which picks their SIMD path: ``native`` (the host's default: this
+    machine's CPU), null or ``""`` (the toolchain's default, no ``-march``: the cross targets'
+    default), or any ``-march`` value: ``x86-64`` (SSE2), ``x86-64-v2``, ``x86-64-v3`` (AVX2 +
+    FMA: to ship to other AVX2 machines), ``x86-64-v4`` (AVX-512), ``armv8.2-a``.
     """
 
     name: str = "host"
@@ -200,6 +216,9 @@ class TargetConfig:
     cpu: str = "cortex-m4"
     fpu: str | None = "fpv4-sp-d16"
     float_abi: FloatAbi = FloatAbi.hard
+    march: str | None = field(
+        default="native", metadata={"pattern": MARCH_PATTERN, "expected": MARCH_EXPECTED}
+    )
 
 
 class Planner(Enum):
@@ -357,17 +376,47 @@ def _unknown_keys(node: object, path: str) -> Iterator[tuple[str, str, list[str]
             yield from _unknown_keys(node._get_node(key), full)
 
 
+def _bad_values(node: object, path: str) -> Iterator[tuple[str, object, str]]:
+    """(full key, value, what is expected) for every string setting whose schema field has a
+    ``pattern`` (its metadata) that the value does not match in full."""
+    if isinstance(node, ListConfig) and not node._is_missing():
+        for i, item in enumerate(node):
+            yield from _bad_values(item, f"{path}[{i}]")
+        return
+    if not isinstance(node, DictConfig) or node._is_missing():
+        return
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    for f in dataclasses.fields(schema):
+        if f.name not in node:
+            continue
+        full = f"{path}.{f.name}" if path else f.name
+        child = node._get_node(f.name)
+        pattern = f.metadata.get("pattern")
+        if pattern is None:
+            yield from _bad_values(child, full)
+            continue
+        value = None if child._is_missing() else node[f.name]
+        if value is not None and not re.fullmatch(pattern, str(value)):
+            yield full, value, f.metadata.get("expected", f"a value matching {pattern}")
+
+
 def validate(cfg: DictConfig) -> DictConfig:
     """Check a composed config against the schema.
 
     Hydra's ``+key=value`` appends bypass the schema's struct mode, so a typo'd appended key
-    is caught here, with the settings that do exist.
+    is caught here, with the settings that do exist. String settings whose schema field
+    carries a ``pattern`` (``target.march``: it reaches a compiler command line) are checked
+    against it.
     """
     for full, parent, allowed in _unknown_keys(cfg, ""):
         raise EtbuildError(
             f"unknown setting {full!r}: {parent} has no such key; its settings are: "
             f"{', '.join(allowed)}"
         )
+    for full, value, expected in _bad_values(cfg, ""):
+        raise EtbuildError(f"{full}={value!r} is not valid: it must be {expected}")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise EtbuildError(

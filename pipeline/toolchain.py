@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .config import FloatAbi, TargetKind
+from .config import MARCH_EXPECTED, MARCH_PATTERN, FloatAbi, TargetKind
 from .errors import EtbuildError
 from .paths import RUNTIME_SRC_DIR
 
@@ -36,6 +37,9 @@ class Toolchain:
     identity: list[str] = field(default_factory=list)
     # Bare metal: the GNU size tool that reports a firmware image's flash and RAM.
     size: str = ""
+    # The kernels' -march (CMake's ETB_ARCH): "native", an -march value, or "" (the
+    # toolchain's default).
+    march: str = ""
 
     @property
     def runnable(self) -> bool:
@@ -60,6 +64,27 @@ def _which(name: str, what: str, apt_package: str) -> str:
     return path
 
 
+def target_march(tcfg: DictConfig) -> str:
+    """``target.march`` as the value of CMake's ETB_ARCH ("" for null: the toolchain's default),
+    checked: one -march word, ``native`` only for the host, none for cortex_m (``-mcpu``)."""
+    march = "" if tcfg.get("march") is None else str(tcfg.march)
+    if not re.fullmatch(MARCH_PATTERN, march):
+        raise EtbuildError(f"target.march={march!r} is not valid: it must be {MARCH_EXPECTED}")
+    kind = TargetKind(tcfg.kind)
+    if march == "native" and kind != TargetKind.host:
+        raise EtbuildError(
+            f"target.march=native compiles for this machine's CPU, which is not the "
+            f"{kind.value} target's; set target.march=null (the toolchain's default) or an "
+            "-march value of the target (e.g. armv8.2-a)"
+        )
+    if march and kind == TargetKind.cortex_m:
+        raise EtbuildError(
+            f"target.march={march!r}: a cortex_m build names its core with target.cpu "
+            "(-mcpu), not -march; set target.march=null"
+        )
+    return march
+
+
 def _host(tcfg: DictConfig) -> Toolchain:
     cxx = os.environ.get("CXX") or "c++"
     compiler = shutil.which(cxx)
@@ -70,28 +95,32 @@ def _host(tcfg: DictConfig) -> Toolchain:
         )
     strip = shutil.which("strip") or _which("strip", "the strip tool", "binutils")
     nm = shutil.which("nm") or _which("nm", "the nm tool", "binutils")
+    march = target_march(tcfg)
     cpu = platform.machine()
-    try:  # -march=native: the build depends on this CPU's features
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                cpu += " " + line
-                break
-    except OSError:
-        pass
+    if march == "native":  # the build depends on this CPU's features (an -march level does not)
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith(("flags", "Features")):
+                    cpu += " " + line
+                    break
+        except OSError:
+            pass
     return Toolchain(
         kind=TargetKind.host,
-        cmake_args=[f"-DCMAKE_CXX_COMPILER={compiler}", "-DETB_NATIVE_ARCH=ON"],
+        cmake_args=[f"-DCMAKE_CXX_COMPILER={compiler}", f"-DETB_ARCH={march}"],
         strip=strip,
         nm=nm,
         run_prefix=[],
         identity=[compiler, _version(compiler), cpu],
+        march=march,
     )
 
 
 def _linux_aarch64(tcfg: DictConfig, need_run: bool) -> Toolchain:
     prefix = tcfg.compiler_prefix or "aarch64-linux-gnu-"
     apt = "g++-aarch64-linux-gnu"
-    args = ["-DETB_NATIVE_ARCH=OFF"]
+    march = target_march(tcfg)
+    args = [f"-DETB_ARCH={march}"]
     if tcfg.toolchain_file:
         file = _existing(tcfg.toolchain_file, "target.toolchain_file")
         args.append(f"-DCMAKE_TOOLCHAIN_FILE={file}")
@@ -128,6 +157,7 @@ def _linux_aarch64(tcfg: DictConfig, need_run: bool) -> Toolchain:
         run_prefix=run_prefix,
         not_runnable_reason=reason,
         identity=[compiler, _version(compiler) if compiler else "", str(tcfg.toolchain_file)],
+        march=march,
     )
 
 
@@ -162,6 +192,7 @@ def find_ndk(tcfg: DictConfig) -> Path:
 
 
 def _android(tcfg: DictConfig) -> Toolchain:
+    march = target_march(tcfg)
     ndk = find_ndk(tcfg)
     bins = sorted((ndk / "toolchains/llvm/prebuilt").glob("*/bin"))
     if not bins:
@@ -173,7 +204,7 @@ def _android(tcfg: DictConfig) -> Toolchain:
             f"-DCMAKE_TOOLCHAIN_FILE={ndk / 'build/cmake/android.toolchain.cmake'}",
             f"-DANDROID_ABI={tcfg.abi}",
             f"-DANDROID_PLATFORM=android-{tcfg.api_level}",
-            "-DETB_NATIVE_ARCH=OFF",
+            f"-DETB_ARCH={march}",
             "-DETB_WERROR=OFF",  # the NDK's clang is not in this project's CI
         ],
         strip=strip,
@@ -186,6 +217,7 @@ def _android(tcfg: DictConfig) -> Toolchain:
             if (ndk / "source.properties").is_file()
             else "",
         ],
+        march=march,
     )
 
 
@@ -201,6 +233,7 @@ def cortex_m_flags(tcfg: DictConfig) -> list[str]:
 
 
 def _cortex_m(tcfg: DictConfig) -> Toolchain:
+    march = target_march(tcfg)  # always "": the core is target.cpu
     prefix = tcfg.compiler_prefix or "arm-none-eabi-"
     install = f"install the toolchain with `apt-get install {CORTEX_M_APT}` (Debian/Ubuntu)"
     found = {}
@@ -257,7 +290,7 @@ def _cortex_m(tcfg: DictConfig) -> Toolchain:
             f"-DETB_ARM_FPU={tcfg.fpu or ''}",
             f"-DETB_ARM_FLOAT_ABI={FloatAbi(tcfg.float_abi).value}",
             "-DETB_BARE_METAL=ON",
-            "-DETB_NATIVE_ARCH=OFF",
+            f"-DETB_ARCH={march}",
         ],
         strip=found["strip"],
         nm=found["nm"],

@@ -19,6 +19,11 @@ kernels and their registration), ``include/``, ``bin/etb_runner`` and
 ``etbuild::runtime``, ``etbuild::core``, ``etbuild::kernels``). A bare-metal target (cortex_m)
 has no CLI runner: ``bin/etb_firmware.elf`` is a minimal firmware image whose flash and RAM
 (``arm-none-eabi-size``) the stage reports.
+
+The kernels are compiled with ``-march=<target.march>`` (CMake's ``ETB_ARCH``; none when it is
+null), which picks their SIMD path in ``kernels/simd.h``. The stage records that path as the
+kernels' compile flags give it (``kernel_isa_from_flags``: simd.h preprocessed with the exact
+compile command of a kernel source), for every target; verify adds what the runner reports.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,6 +100,54 @@ def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-30:]
         raise EtbuildError(f"{what} failed (full log: {log}):\n" + "\n".join(tail))
+
+
+# kernels/simd.h defines ETB_SIMD_<PATH> for the one path it compiles; kernel_isa() names it.
+SIMD_PATHS = {
+    "AVX512": "avx512",
+    "AVX2": "avx2",
+    "SSE2": "sse2",
+    "NEON": "neon",
+    "SCALAR": "scalar",
+}
+
+
+def kernel_isa_from_flags(build_dir: Path) -> str:
+    """The SIMD path of ``kernels/simd.h`` under the kernels' compile flags (the only word on
+    it for a build that cannot run here): the compile command of ``kernels/portable/util.cpp``
+    (which defines ``etb::kernel_isa()``) from ``compile_commands.json``, run as a preprocessor
+    over simd.h. "unknown" when that cannot be done."""
+    try:
+        commands = json.loads((build_dir / "compile_commands.json").read_text())
+        entry = next(
+            e for e in commands if Path(e["file"]).as_posix().endswith("kernels/portable/util.cpp")
+        )
+    except (OSError, ValueError, StopIteration):
+        return "unknown"
+    args = entry.get("arguments") or shlex.split(entry["command"])
+    cmd: list[str] = []
+    skip = False
+    for a in args:  # the compiler and its flags, without the source, the object and depfiles
+        if skip:
+            skip = False
+        elif a in ("-o", "-MF", "-MT", "-MQ"):
+            skip = True
+        elif a not in ("-c", "-MD", "-MMD", entry["file"]):
+            cmd.append(a)
+    try:
+        proc = subprocess.run(
+            [*cmd, "-E", "-dM", "-x", "c++", "-"],
+            input='#include "kernels/simd.h"\n',
+            cwd=entry["directory"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    found = re.findall(r"^#define ETB_SIMD_([A-Z0-9]+) ", proc.stdout, re.M)
+    paths = [SIMD_PATHS[f] for f in found if f in SIMD_PATHS]
+    return paths[0] if proc.returncode == 0 and len(paths) == 1 else "unknown"
 
 
 def _stripped_size(tc: Toolchain, binary: Path, tmp: Path) -> int:
@@ -233,7 +287,8 @@ def build_into_cache(
     try:
         build_dir, install_dir, log = tmp / "build", tmp / "install", tmp / "build.log"
         cmake = shutil.which("cmake") or "cmake"
-        defines = cmake_args(cfg, tc)
+        # compile_commands.json: the kernels' flags, for kernel_isa_from_flags.
+        defines = [*cmake_args(cfg, tc), "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
         if selection_path is not None:
             shutil.copy2(selection_path, tmp / "selected_operators.yaml")
             defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *defines]
@@ -252,6 +307,7 @@ def build_into_cache(
             "installing the runtime",
         )
         sizes = measure(tc, build_dir, tmp)
+        sizes["kernel_isa"] = kernel_isa_from_flags(build_dir)
         (tmp / "sizes.json").write_text(json.dumps(sizes, indent=2) + "\n")
         shutil.rmtree(build_dir)  # the cache keeps what a run copies, not the objects
         try:
@@ -318,11 +374,14 @@ def run(ctx: Context) -> None:
     ctx.artifacts["toolchain"] = tc
     ctx.artifacts["build_cache_entries"] = used
     ctx.artifacts["runtime_sizes"] = sizes
+    ctx.artifacts["kernel_isa"] = sizes["kernel_isa"]
     ctx.artifacts["runner"] = ctx.run_dir / "runtime" / "bin" / "etb_runner"
     ctx.summarize(
         cache="hit" if hit else "miss",
         key=key[:12],
         runtime_kb=round(sizes["tailored_bytes"] / 1024, 1),
+        march=tc.march or "default",
+        kernel_isa=sizes["kernel_isa"],
     )
     if "flash_bytes" in sizes:  # bare metal: the firmware image's flash and static RAM
         ctx.summarize(

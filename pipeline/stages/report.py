@@ -73,6 +73,23 @@ def _flash_section(sizes: dict, program_bytes: int, planned_bytes: int) -> list[
     ]
 
 
+def _kernels_line(a: dict) -> list[str]:
+    """The kernels' -march and SIMD path: as the runner reported it, else (a target that does
+    not run here, or verify off) as the compile flags give it."""
+    tc = a.get("toolchain")
+    if tc is None or "kernel_isa" not in a:
+        return []
+    march = f"`-march={tc.march}`" if tc.march else "the toolchain's default `-march`"
+    reported = (a.get("verify") or {}).get("kernel_isa")
+    if reported and tc.runnable:
+        isa = f"`{reported}` (reported by the runner)"
+    elif reported:
+        isa = reported
+    else:
+        isa = f"`{a['kernel_isa']}` (from the compile flags)"
+    return [f"- kernels: {march}, SIMD path {isa}"]
+
+
 def render(ctx: Context) -> str:
     cfg = ctx.cfg
     a = ctx.artifacts
@@ -82,6 +99,7 @@ def render(ctx: Context) -> str:
         f"# etbuild report: {cfg.model.name}",
         "",
         f"- target: {cfg.target.name}",
+        *_kernels_line(a),
         f"- quantization: {cfg.quant.scheme.value}",
         f"- partitioner: {cfg.partitioner.name}",
         "- inputs: "

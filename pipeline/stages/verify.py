@@ -1,6 +1,9 @@
 """The `verify` stage: run model.pte with the runner the build stage built for the target
 (natively, or under qemu for linux_aarch64) and compare with eager. Where the target cannot
-run here (android), the report says the runtime was built but not run.
+run here (android, cortex_m), the report says the runtime was built but not run.
+
+``kernel_isa`` is the kernels' SIMD path (avx512, avx2, sse2, neon, scalar) as the runner
+reports it; for a target that cannot run here, the path its compile flags give (build stage).
 
 fp32 programs must match the eager outputs within ``pipeline.verify.tolerance`` x max|eager|.
 Quantized programs are measured instead: SQNR (dB) against the fp32 eager model and top-1
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -29,6 +33,7 @@ class BuiltRunner:
 
     def __init__(self, runner: Path, program: Path, prefix: list[str]) -> None:
         self.runner, self.program, self.prefix = runner, program, prefix
+        self.kernel_isa = ""  # the runner's "kernel_isa: <path>" line, after a run
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with tempfile.TemporaryDirectory(prefix="etb_verify_") as tmp:
@@ -44,6 +49,8 @@ class BuiltRunner:
                     f"the built runner could not run model.pte: {proc.stderr.strip()} "
                     f"(command: {' '.join(cmd)})"
                 )
+            isa = re.search(r"^kernel_isa: (\S+)$", proc.stdout, re.M)
+            self.kernel_isa = isa.group(1) if isa else "unknown"
             outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
             return [etbt.read(p) for p in outs]
 
@@ -115,7 +122,11 @@ def run(ctx: Context) -> None:
         return
     tc = ctx.artifacts["toolchain"]
     if not tc.runnable:
-        facts = {"status": f"built, not run ({tc.not_runnable_reason})"}
+        facts = {
+            "status": f"built, not run ({tc.not_runnable_reason})",
+            "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile "
+            "flags; not run)",
+        }
         ctx.artifacts["verify"] = facts
         ctx.summarize(**facts)
         return
@@ -137,7 +148,7 @@ def run(ctx: Context) -> None:
         measured = _check_fp32(outputs, expected, vcfg.tolerance)
     else:
         measured = _measure_quantized(program, reference, outputs)
-    facts = {"status": status, **measured}
+    facts = {"status": status, "kernel_isa": program.kernel_isa, **measured}
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)
     if "sqnr_db" in facts:

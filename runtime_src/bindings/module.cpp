@@ -1,11 +1,12 @@
 // etbuild.runtime: Python bindings (nanobind) over the etbuild runtime.
 //
-//   prog = etbuild.runtime.load("model.pte")
+//   prog = etbuild.runtime.load("model.pte", threads=1)
 //   prog.method_names            -> ["forward"]
 //   prog.run([x], method="forward", profile=False) -> [torch.Tensor, ...]
 //   prog.last_profile            -> [(op name, seconds), ...] of the last profiled run
 //   prog.method_meta("forward")  -> dict: inputs, outputs, memory_banks, instructions, ...
 //   prog.init_method("forward", bank_sizes=[...])  (re)initializes with given bank sizes
+//   etbuild.runtime.kernel_isa() -> "avx512" | "avx2" | "sse2" | "neon" | "scalar"
 // Errors raise etbuild.runtime.Error (a RuntimeError) with the runtime's message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -26,6 +27,8 @@
 #include "executor/data_loader.h"
 #include "executor/method.h"
 #include "executor/program.h"
+#include "kernels/portable/kernel_isa.h"
+#include "platform/thread_pool.h"
 #include "register_kernels.h"
 
 namespace nb = nanobind;
@@ -122,7 +125,11 @@ nb::dict tensor_info_dict(const etb::TensorInfo& info) {
 
 class PyProgram {
  public:
-  explicit PyProgram(const std::string& path) {
+  PyProgram(const std::string& path, int threads) {
+    if (threads < 1) throw Error("threads must be >= 1, got " + std::to_string(threads));
+    if (threads > etb::ThreadPool::kMaxThreads)
+      throw Error("threads must be <= " + std::to_string(etb::ThreadPool::kMaxThreads) +
+                  ", got " + std::to_string(threads));
     etb::clear_error_message();
     etb::Result<etb::FileDataLoader> loader = etb::FileDataLoader::open(path.c_str());
     if (!loader.ok()) raise(loader.error());
@@ -130,7 +137,10 @@ class PyProgram {
     etb::Result<etb::Program> program = etb::Program::load(loader_.get());
     if (!program.ok()) raise(program.error());
     program_.emplace(std::move(program.value()));
+    if (threads > 1) pool_ = std::make_unique<etb::ThreadPool>(threads);
   }
+
+  int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
 
   std::vector<std::string> method_names() const {
     std::vector<std::string> names;
@@ -206,6 +216,7 @@ class PyProgram {
     etb::Result<etb::Method> m = program_->load_method(name.c_str(), st->memory);
     if (!m.ok()) raise(m.error());
     st->method.emplace(std::move(m.value()));
+    st->method->set_parallel(pool_.get());
     methods_[name] = std::move(st);
   }
 
@@ -294,6 +305,7 @@ class PyProgram {
   std::vector<std::pair<std::string, double>> last_profile() const { return last_profile_; }
 
  private:
+  std::unique_ptr<etb::ThreadPool> pool_;  // outlives the methods (declared first)
   std::unique_ptr<etb::FileDataLoader> loader_;
   std::optional<etb::Program> program_;
   std::map<std::string, std::unique_ptr<MethodState>> methods_;
@@ -310,6 +322,8 @@ NB_MODULE(runtime, m) {
 
   nb::class_<PyProgram>(m, "Program", "A loaded program file.")
       .def_prop_ro("method_names", &PyProgram::method_names, "Names of the program's methods.")
+      .def_prop_ro("num_threads", &PyProgram::num_threads,
+                   "Threads the kernels split their work over (the calling one included).")
       .def("method_meta", &PyProgram::method_meta, nb::arg("name") = "forward",
            "Inputs, outputs, planned memory banks (bytes, 0-based) and instruction count.")
       .def("init_method", &PyProgram::init_method, nb::arg("name") = "forward",
@@ -321,11 +335,16 @@ NB_MODULE(runtime, m) {
       .def_prop_ro("last_profile", &PyProgram::last_profile,
                    "(op name, seconds) per instruction of the last run(profile=True).");
 
-  m.def("load", [](const std::string& path) { return new PyProgram(path); }, nb::arg("path"),
-        "Load a program file (memory-mapped).");
+  m.def(
+      "load", [](const std::string& path, int threads) { return new PyProgram(path, threads); },
+      nb::arg("path"), nb::arg("threads") = 1,
+      "Load a program file (memory-mapped); its kernels split their work over `threads`.");
   m.def("registered_kernels", []() {
     std::vector<std::string> names;
     for (const etb::Kernel& k : etb::registered_kernels()) names.emplace_back(k.name);
     return names;
   }, "Names of every registered kernel.");
+  m.def(
+      "kernel_isa", []() { return std::string(etb::kernel_isa()); },
+      "The SIMD path the kernels were compiled for: avx512, avx2, sse2, neon or scalar.");
 }

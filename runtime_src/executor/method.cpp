@@ -628,6 +628,7 @@ Method::Method(Method&& o) noexcept
       input_planned_(o.input_planned_), instrs_(o.instrs_), num_instrs_(o.num_instrs_),
       kernels_(o.kernels_), op_names_(o.op_names_), num_ops_(o.num_ops_),
       delegates_(o.delegates_), num_delegates_(o.num_delegates_), temp_(o.temp_),
+      parallel_(o.parallel_),
       profile_(o.profile_), profile_capacity_(o.profile_capacity_),
       profile_count_(o.profile_count_) {
   o.num_delegates_ = 0;
@@ -731,7 +732,7 @@ Error Method::execute() {
     const char* name = nullptr;
     switch (in.kind) {
       case Kind::Kernel: {
-        KernelContext ctx(temp_, in.clamp);
+        KernelContext ctx(temp_, in.clamp, parallel_);
         Error e = kernels_[in.a](ctx, Span<EValue*>(in.args, in.num_args));
         if (temp_ != nullptr) temp_->reset();
         if (e != Error::Ok) {

@@ -49,6 +49,10 @@ class Method {
   /// Output i after execute().
   Result<const EValue*> output(size_t i) const;
 
+  /// Threads the kernels may split their work over (nullptr: the calling thread only, the
+  /// default). The Parallel must outlive the calls to execute().
+  void set_parallel(Parallel* parallel) { parallel_ = parallel; }
+
   /// Records per-instruction times into `events` (up to `capacity`) on each execute();
   /// pass nullptr to turn profiling off (the default).
   void set_profiler(ProfileEvent* events, size_t capacity) {
@@ -100,6 +104,7 @@ class Method {
   Delegate* delegates_ = nullptr;
   size_t num_delegates_ = 0;
   MemoryAllocator* temp_ = nullptr;
+  Parallel* parallel_ = nullptr;
   ProfileEvent* profile_ = nullptr;
   size_t profile_capacity_ = 0;
   size_t profile_count_ = 0;

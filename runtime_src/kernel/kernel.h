@@ -9,6 +9,7 @@
 #include "core/memory_allocator.h"
 #include "core/result.h"
 #include "core/span.h"
+#include "kernel/parallel.h"
 
 namespace etb {
 
@@ -23,19 +24,39 @@ struct OutputClamp {
 };
 
 /// What a kernel sees besides its arguments: a temp allocator that is reset after the call,
-/// and the output clamp fused into this call.
+/// the output clamp fused into this call, and the threads it may split its work over.
 class KernelContext {
  public:
-  explicit KernelContext(MemoryAllocator* temp, OutputClamp clamp = OutputClamp())
-      : temp_(temp), clamp_(clamp) {}
+  explicit KernelContext(MemoryAllocator* temp, OutputClamp clamp = OutputClamp(),
+                         Parallel* parallel = nullptr)
+      : temp_(temp), clamp_(clamp), parallel_(parallel) {}
   /// Scratch memory valid until the kernel returns, or an error when none is left.
   Result<void*> allocate_temp(size_t n, size_t align = 64);
   /// The activation fused into this call (only kernels registered with fuses_clamp get one).
   const OutputClamp& output_clamp() const { return clamp_; }
+  /// Threads a parallel_for may use (1: the calling thread only).
+  int num_threads() const { return parallel_ != nullptr ? parallel_->num_threads() : 1; }
+  /// Runs fn(ctx, task, thread) for every task in [0, n) over the threads and returns when all
+  /// are done. Kernels split their output so that each element is computed the same way
+  /// whatever the thread count: results are bit-identical to one thread.
+  void parallel_for(int64_t n, TaskFn fn, void* ctx) const {
+    if (parallel_ != nullptr && n > 1 && parallel_->num_threads() > 1) {
+      parallel_->run(n, fn, ctx);
+    } else {
+      for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
+    }
+  }
+  /// parallel_for with a callable f(task, thread).
+  template <typename F>
+  void parallel_for(int64_t n, F& f) const {
+    parallel_for(
+        n, [](void* c, int64_t task, int thread) { (*static_cast<F*>(c))(task, thread); }, &f);
+  }
 
  private:
   MemoryAllocator* temp_;
   OutputClamp clamp_;
+  Parallel* parallel_;
 };
 
 /// A boxed kernel: arguments as the program lists them (schema args, then the return).

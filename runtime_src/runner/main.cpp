@@ -1,5 +1,6 @@
 // etb_runner: load a program, read inputs from .etbt files, run N iterations, print output
-// checksums and latency percentiles.
+// checksums, the kernels' SIMD path (kernel_isa) and latency percentiles. `etb_runner --isa`
+// prints only the SIMD path.
 //
 // Input file format (.etbt, little-endian):
 //   bytes 0..3   magic "ETBT"
@@ -20,7 +21,9 @@
 #include "executor/data_loader.h"
 #include "executor/method.h"
 #include "executor/program.h"
+#include "kernels/portable/kernel_isa.h"
 #include "platform/platform.h"
+#include "platform/thread_pool.h"
 #include "register_kernels.h"
 
 namespace {
@@ -89,8 +92,10 @@ void* aligned_buffer(size_t n) {
 int usage() {
   fprintf(stderr,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
-          "                  [--method NAME] [--profile] [--output-dir DIR]\n"
-          "--output-dir writes each tensor output as DIR/output_<i>.etbt\n");
+          "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
+          "       etb_runner --isa\n"
+          "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
+          "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n");
   return 2;
 }
 
@@ -98,10 +103,15 @@ int usage() {
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
+  if (!strcmp(argv[1], "--isa")) {  // the SIMD path the kernels were compiled for (ETB_ARCH)
+    if (argc != 2) return usage();
+    printf("%s\n", etb::kernel_isa());
+    return 0;
+  }
   const char* path = argv[1];
   const char* method_name = "forward";
   std::vector<const char*> input_paths;
-  int iters = 10, warmup = 1;
+  int iters = 10, warmup = 1, threads = 1;
   bool profile = false;
   const char* output_dir = nullptr;
   for (int i = 2; i < argc; ++i) {
@@ -111,7 +121,12 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--method") && i + 1 < argc) method_name = argv[++i];
     else if (!strcmp(argv[i], "--profile")) profile = true;
     else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) output_dir = argv[++i];
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else return usage();
+  }
+  if (threads < 1 || threads > etb::ThreadPool::kMaxThreads) {
+    fprintf(stderr, "etb_runner: --threads must be 1 to %d\n", etb::ThreadPool::kMaxThreads);
+    return 2;
   }
   if (iters < 1) iters = 1;
   if (etb::register_all_kernels() != etb::Error::Ok) return 1;
@@ -154,6 +169,11 @@ int main(int argc, char** argv) {
   mm.temp_allocator = &temp_alloc;
   etb::Result<etb::Method> method = program->load_method(method_name, mm);
   if (!method.ok()) return die("init");
+  std::unique_ptr<etb::ThreadPool> pool;
+  if (threads > 1) {
+    pool = std::make_unique<etb::ThreadPool>(threads);
+    method->set_parallel(pool.get());
+  }
 
   if (input_paths.size() != method->num_inputs()) {
     fprintf(stderr, "etb_runner: method '%s' takes %zu inputs, %zu given\n", method_name,
@@ -211,6 +231,8 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   auto pct = [&](double q) { return times[size_t(q * double(times.size() - 1) + 0.5)]; };
+  printf("kernel_isa: %s\n", etb::kernel_isa());
+  printf("threads: %d\n", pool ? pool->num_threads() : 1);
   printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),
          times.size());
   if (profile) {

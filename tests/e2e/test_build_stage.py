@@ -54,7 +54,17 @@ def test_tailored_library_holds_exactly_the_selected_kernels(mlp_build: Path) ->
 def test_verify_runs_the_built_runner(mlp_build: Path) -> None:
     summary = stage_record(mlp_build, "verify")["summary"]
     assert summary["status"] == "ran"
+    # The kernels' SIMD path as the runner reports it: the host build is -march=native, like
+    # etbuild.runtime, and agrees with the build stage's reading of the compile flags.
+    import etbuild.runtime
+
+    isa = etbuild.runtime.kernel_isa()
+    assert summary["kernel_isa"] == isa
+    build = stage_record(mlp_build, "build")["summary"]
+    assert build["kernel_isa"] == isa and build["march"] == "native"
     report = (mlp_build / "report.md").read_text()
+    assert f"- kernels: `-march=native`, SIMD path `{isa}` (reported by the runner)" in report
+    assert f"| kernel_isa | {isa} |" in report
     assert "## Runtime size (host)" in report and "all ops" in report
     assert "Largest kernels" in report
 
@@ -91,7 +101,8 @@ def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_pat
         "ref = torch.load(sys.argv[2], weights_only=True)\n"
         "out = r.load(sys.argv[1]).run(ref['inputs'])\n"
         "err = (out[0] - ref['outputs'][0]).abs().max().item()\n"
-        "print(json.dumps({'file': r.__file__, 'kernels': r.registered_kernels(), 'err': err}))\n"
+        "print(json.dumps({'file': r.__file__, 'kernels': r.registered_kernels(), 'err': err,\n"
+        "                  'isa': r.kernel_isa()}))\n"
     )
     proc = subprocess.run(
         [py, "-c", script, str(mlp_build / "model.pte"), str(mlp_build / "reference.pt")],
@@ -105,6 +116,7 @@ def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_pat
     selected = yaml.safe_load((mlp_build / "selected_operators.yaml").read_text())["operators"]
     assert sorted(result["kernels"]) == sorted(selected)
     assert result["err"] < 1e-5
+    assert result["isa"] == stage_record(mlp_build, "build")["summary"]["kernel_isa"]
 
 
 def test_size_budget_fails_the_build(mlp_build: Path, tmp_path: Path) -> None:
@@ -166,6 +178,7 @@ def test_linux_aarch64_cross_build_runs_under_qemu(tmp_path: Path) -> None:
     build_in_process([*MLP, "+target=linux_aarch64"], tmp_path / "run")
     summary = stage_record(tmp_path / "run", "verify")["summary"]
     assert summary["status"] == "ran under qemu-aarch64"
+    assert summary["kernel_isa"] == "neon"
     runner = tmp_path / "run/runtime/bin/etb_runner"
     header = runner.read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64

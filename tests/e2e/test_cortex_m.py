@@ -168,6 +168,13 @@ def test_report_says_built_not_run(m4_build: Path) -> None:
     status = stage_record(m4_build, "verify")["summary"]["status"]
     assert status.startswith("built, not run") and "Cortex-M" in status, status
     assert f"| status | {status} |" in (m4_build / "report.md").read_text()
+    # Nothing ran: the kernels' SIMD path is the one their compile flags give (no vector unit).
+    isa = stage_record(m4_build, "verify")["summary"]["kernel_isa"]
+    assert isa.startswith("scalar (the target's path from its compile flags"), isa
+    assert (
+        f"- kernels: the toolchain's default `-march`, SIMD path {isa}"
+        in (m4_build / "report.md").read_text()
+    )
 
 
 @needs_arm

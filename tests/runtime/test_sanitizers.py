@@ -1,4 +1,5 @@
-"""The error paths under AddressSanitizer and UndefinedBehaviorSanitizer.
+"""The error paths under AddressSanitizer and UndefinedBehaviorSanitizer; the thread pool and
+the kernels that split their work under ThreadSanitizer.
 
 Opt-in (a separate Debug build of the runtime with -fsanitize=address,undefined takes a
 minute): set ETB_SANITIZER_TESTS=1 (CI does). The sanitized etb_runner and the C++ test driver
@@ -118,3 +119,51 @@ def test_wrong_input_sanitized(sanitized, zoo_build, tmp_path):
     )  # fmt: skip
     _check(res)
     assert "input 0: expected dtype Float, got Long" in res.stderr
+
+
+@pytest.fixture(scope="session")
+def thread_sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """etb_runner built with ThreadSanitizer."""
+    from etbuild.pipeline.paths import RUNTIME_SRC_DIR
+
+    build = (
+        BUILD_ROOT / "runtime-tests-tsan" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("t")
+    )
+    cfg = subprocess.run(
+        ["cmake", "-S", str(CPP_DIR), "-B", str(build), "-G", "Ninja",
+         f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}",
+         "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DETB_SANITIZE=thread"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    res = subprocess.run(
+        ["cmake", "--build", str(build), "-j2", "--target", "etb_runner"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return build / "runtime" / "etb_runner"
+
+
+@pytest.mark.parametrize("model", ["mobilenet"])
+def test_thread_pool_and_kernels_under_thread_sanitizer(
+    thread_sanitized, zoo_build, tmp_path, model
+):
+    """The pool and the kernels that split their work (GEMM, im2col, depthwise) show no data
+    race at 2 and 4 threads, and their outputs equal one thread's, bit for bit."""
+    run_dir = zoo_build(model)
+    inputs = _inputs(run_dir, tmp_path)
+    outputs = {}
+    for threads in (1, 2, 4):
+        out = tmp_path / f"out{threads}"
+        out.mkdir()
+        res = subprocess.run(
+            [str(thread_sanitized), str(run_dir / "model.pte"), *inputs, "--iters", "1",
+             "--warmup", "0", "--threads", str(threads), "--output-dir", str(out)],
+            capture_output=True, text=True, env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"},
+            timeout=600,
+        )  # fmt: skip
+        assert "WARNING: ThreadSanitizer" not in res.stderr, res.stderr[-4000:]
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"threads: {threads}" in res.stdout
+        outputs[threads] = [p.read_bytes() for p in sorted(out.glob("output_*.etbt"))]
+    assert outputs[1] and outputs[2] == outputs[1] and outputs[4] == outputs[1]

@@ -17,6 +17,7 @@ from etbuild.pipeline.config import (
     QuantScheme,
     StageName,
     TargetKind,
+    validate,
 )
 from etbuild.pipeline.errors import EtbuildError
 
@@ -252,6 +253,82 @@ def test_unsupported_option_fails_before_any_stage(
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
+# -- target.march: the kernels' -march (CMake's ETB_ARCH) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "march"),
+    [
+        ([], "native"),  # no target group: the host, compiled for this machine
+        (["+target=host"], "native"),
+        (["+target=linux_aarch64"], None),  # cross targets: the toolchain's default
+        (["+target=android"], None),
+        (["+target=cortex_m"], None),
+        (["target.march=x86-64-v3"], "x86-64-v3"),
+        (["target.march=null"], None),
+    ],
+)
+def test_target_march_defaults(overrides: list[str], march: str | None) -> None:
+    cfg = validate(compose_config(["model=mlp", *overrides]))
+    assert cfg.target.march == march
+
+
+@pytest.mark.parametrize(
+    ("march", "define"),
+    [("native", "-DETB_ARCH=native"), ("x86-64-v3", "-DETB_ARCH=x86-64-v3"),
+     ("null", "-DETB_ARCH="), ("''", "-DETB_ARCH="),
+     ("armv8.2-a+fp16", "-DETB_ARCH=armv8.2-a+fp16")],
+)  # fmt: skip
+def test_target_march_reaches_etb_arch_and_the_build_key(
+    march: str, define: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from etbuild.pipeline.stages import build as build_stage
+    from etbuild.pipeline.stages.build import build_inputs, cmake_args
+    from etbuild.pipeline.toolchain import resolve
+
+    # The key's flags and toolchain part only (the source trees may change under a test run).
+    monkeypatch.setattr(build_stage, "tree_digest", lambda *args: None)
+
+    cfg = validate(compose_config(["model=mlp", f"target.march={march}"]))
+    tc = resolve(cfg.target)
+    assert [a for a in cmake_args(cfg, tc) if a.startswith("-DETB_ARCH")] == [define]
+    assert not any("ETB_NATIVE_ARCH" in a for a in cmake_args(cfg, tc))
+    native = validate(compose_config(["model=mlp"]))
+    same = build_inputs(native, resolve(native.target)).hexdigest()
+    assert (build_inputs(cfg, tc).hexdigest() == same) == (march == "native")
+    # Only a native build depends on this CPU's features (an -march level is portable).
+    assert ("flags" in tc.identity[-1]) == (march == "native" and Path("/proc/cpuinfo").exists())
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["x86 64", "'x86-64 -O0'", "'x86-64;rm -rf /'", "'$(id)'", "'a`b`'", "'v3|cat'",
+     "'-march=native'", "'-O0'", "'x86-64&'", "'>out'"],
+)  # fmt: skip
+def test_bad_target_march_fails_at_compose_time_naming_the_key(value: str) -> None:
+    """Quoted, Hydra takes any string; the schema's pattern (checked by validate, the first
+    thing a build does) takes one -march word."""
+    cfg = compose_config(["model=mlp", f"target.march={value}"])
+    with pytest.raises(EtbuildError, match=r"target\.march=.*an -march value") as info:
+        validate(cfg)
+    assert "null" in str(info.value)  # says how to get the toolchain's default
+    with pytest.raises(EtbuildError, match=r"target\.march="):
+        check_supported(cfg)  # and the toolchain never puts it on a command line
+
+
+@pytest.mark.parametrize("target", ["linux_aarch64", "android", "cortex_m"])
+def test_native_march_on_a_cross_target_is_rejected(target: str) -> None:
+    cfg = validate(compose_config(["model=mlp", f"+target={target}", "target.march=native"]))
+    with pytest.raises(EtbuildError, match=r"target\.march=native.*target\.march=null"):
+        check_supported(cfg)
+
+
+def test_cortex_m_names_its_core_with_cpu_not_march() -> None:
+    cfg = validate(compose_config(["model=mlp", "+target=cortex_m", "target.march=armv7e-m"]))
+    with pytest.raises(EtbuildError, match=r"target\.march='armv7e-m'.*target\.cpu"):
+        check_supported(cfg)
+
+
 # -- through the real command line -----------------------------------------------------------
 
 
@@ -285,6 +362,12 @@ def test_cli_missing_target_toolchain(tmp_path: Path) -> None:
     )  # fmt: skip
     out = _assert_clean_failure(proc, "no-such-arm-gcc", "apt-get install gcc-arm-none-eabi")
     assert "error" in proc.stderr, out
+    assert not (tmp_path / "run" / "model.pte").exists()
+
+
+def test_cli_bad_target_march(tmp_path: Path) -> None:
+    proc = run_cli(["model=mlp", "target.march=x86 64", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    _assert_clean_failure(proc, "target.march='x86 64'", "-march value")
     assert not (tmp_path / "run" / "model.pte").exists()
 
 

@@ -14,12 +14,13 @@ namespace etb {
 namespace native {
 namespace {
 
-// Packs columns [p0, p0 + pc) of the im2col matrix of one group into col[K x pc]. Works a
+// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
+// group, col[K x pc] (the channels are independent: the threads split them). Works a
 // row segment at a time: one division per output row, then zero fill and a contiguous (or
 // strided) copy of the valid range, so the inner loops have no bounds checks.
-void im2col_tile(const ConvShape& s, const float* x, int64_t cin, int64_t p0, int64_t pc,
-                 float* col) {
-  for (int64_t c = 0; c < cin; ++c) {
+void im2col_channel(const ConvShape& s, const float* x, int64_t c, int64_t p0, int64_t pc,
+                    float* col) {
+  {
     const float* xc = x + c * s.H * s.W;
     for (int64_t kh = 0; kh < s.KH; ++kh) {
       for (int64_t kw = 0; kw < s.KW; ++kw) {
@@ -148,7 +149,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     for (int64_t n = 0; n < s.N; ++n)
       for (int64_t g = 0; g < groups; ++g) {
         ep.bias = b != nullptr ? b + g * oc_g : nullptr;
-        sgemm(oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
+        sgemm(ctx, oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
               y + (n * s.OC + g * oc_g) * P, P, ep, ws);
       }
     return Error::Ok;
@@ -167,8 +168,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       ep.bias = b != nullptr ? b + g * oc_g : nullptr;
       for (int64_t p0 = 0; p0 < P; p0 += pc) {
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
-        im2col_tile(s, xg, cin_g, p0, cols, col);
-        sgemm(oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ep, ws);
+        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, col); };
+        ctx.parallel_for(cin_g, pack);
+        sgemm(ctx, oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ep, ws);
       }
     }
   return Error::Ok;

@@ -132,26 +132,35 @@ TileFn tile_fn(int mr) {
 
 // The blocked product with tiles of up to MR rows and NV vectors, over column blocks of
 // nc_block and depth blocks of kc_block (later depth blocks add to C; the clamp waits for the
-// last one).
+// last one). Within a block the tiles are split over the threads by rows of tiles and, when
+// there are few rows, by runs of columns; each tile is computed the same way wherever it
+// runs, so the result does not depend on the thread count.
 template <int MR, int NV>
-void blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-             int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, int64_t nc_block,
-             int64_t kc_block, float* workspace) {
+void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep,
+             int64_t nc_block, int64_t kc_block, float* workspace) {
   constexpr int kNR = NV * kW;
   nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
+  const int64_t row_tiles = (M + MR - 1) / MR;
   for (int64_t n0 = 0; n0 < N; n0 += nc_block) {
     const int64_t nc = min64(nc_block, N - n0);
     const int64_t nfull = nc / kNR * kNR;
     const int rem = int(nc - nfull);
     const int tail_nv = rem <= kW ? 1 : NV;
     const int tail_w = tail_nv * kW;
+    const int64_t col_tiles = nfull / kNR + (rem > 0 ? 1 : 0);
+    // Enough tasks for every thread to get several.
+    const int64_t want = 4 * int64_t(ctx.num_threads());
+    int64_t col_runs = row_tiles >= want || ctx.num_threads() == 1
+                           ? 1
+                           : min64(col_tiles, (want + row_tiles - 1) / row_tiles);
     for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_block) {
       const int64_t kc = min64(kc_block, K - k0);
       const bool last = k0 + kc >= K;
-      TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, last && ep.clamp.active(),
-                     ep.clamp.lo, ep.clamp.hi};
+      const TileEpilogue e0{k0 == 0 ? ep.init : GemmInit::C, ep.bias, last && ep.clamp.active(),
+                            ep.clamp.lo, ep.clamp.hi};
       // The last columns: a zero-padded [kc x tail_w] panel, so the tail tile reads full
-      // vectors.
+      // vectors. The tasks share it (read only).
       if (rem > 0) {
         for (int64_t k = 0; k < kc; ++k) {
           const float* src = B + (k0 + k) * ldb + n0 + nfull;
@@ -162,22 +171,29 @@ void blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const
         }
       }
       const float* b = B + k0 * ldb + n0;
-      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+      auto task = [&](int64_t t, int) {
+        const int64_t m0 = (t / col_runs) * MR;
+        const int64_t run = t % col_runs;
+        const int64_t j_begin = col_tiles * run / col_runs,
+                      j_end = col_tiles * (run + 1) / col_runs;
         const int mr = int(min64(MR, M - m0));
         const TileFn full_tile = tile_fn<MR, NV>(mr);
         const float* a = A + m0 * lda + k0;
         float* c = C + m0 * ldc + n0;
+        TileEpilogue e = e0;
         if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
-        for (int64_t j = 0; j < nfull; j += kNR) {
+        for (int64_t jt = j_begin; jt < j_end; ++jt) {
+          const int64_t j = jt * kNR;
           if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
-          full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
+          if (j < nfull) {
+            full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
+          } else {
+            const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
+            tail_tile(kc, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
+          }
         }
-        if (rem > 0) {
-          if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + nfull;
-          const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
-          tail_tile(kc, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
-        }
-      }
+      };
+      ctx.parallel_for(row_tiles * col_runs, task);
     }
   }
 }
@@ -188,8 +204,9 @@ size_t sgemm_workspace_bytes(int64_t K) {
   return size_t(K > 0 ? K : 1) * kMaxNR * sizeof(float);
 }
 
-void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
+void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep,
+           float* workspace) {
   if (M <= 0 || N <= 0) return;
   // A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
   // column blocks whose kc x NC slice of B stays in L2.
@@ -198,16 +215,16 @@ void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const f
     const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
     const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
     const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
-    blocked<kMR, kNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, workspace);
+    blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, workspace);
     return;
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each
   // sweep the whole width, so B is read as a few long contiguous runs at a time.
   constexpr int64_t kDepthBlock = 64;
   if (M == 1)
-    blocked<1, kWideNV>(M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
+    blocked<1, kWideNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
   else
-    blocked<2, kWideNV / 2>(M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
+    blocked<2, kWideNV / 2>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
 }
 
 }  // namespace native

@@ -31,8 +31,10 @@ size_t sgemm_workspace_bytes(int64_t K);
 /// C[M x N] = clamp(init + A[M x K] * B[K x N]); all row-major with leading dimensions lda,
 /// ldb, ldc. A and B are read in place (nothing is packed per call but the last columns of B
 /// when N is not a multiple of the tile width). `workspace` holds sgemm_workspace_bytes(K).
-void sgemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-           int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& epilogue, float* workspace);
+/// The tiles are split over ctx's threads; the result is the same for any thread count.
+void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+           const GemmEpilogue& epilogue, float* workspace);
 
 }  // namespace native
 }  // namespace etb

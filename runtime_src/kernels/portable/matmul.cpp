@@ -33,7 +33,7 @@ Error mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor&
   const int64_t sizes[2] = {M, N};
   ETB_TRY(resize_to(out, sizes, 2));
   ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
-  sgemm(M, N, K, self.data_as<float>(), K, mat2.data_as<float>(), N, out.data_as<float>(), N,
+  sgemm(ctx, M, N, K, self.data_as<float>(), K, mat2.data_as<float>(), N, out.data_as<float>(), N,
         product(ctx), ws);
   return Error::Ok;
 }
@@ -68,7 +68,7 @@ Error addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, cons
   if (a == 1.f && b == 1.f && sm == 1 && sn == N && !aliases) {  // a linear layer's bias row
     ep.init = GemmInit::ColBias;
     ep.bias = s;
-    sgemm(M, N, K, m1, K, m2, N, c, N, ep, ws);
+    sgemm(ctx, M, N, K, m1, K, m2, N, c, N, ep, ws);
     return Error::Ok;
   }
   if (a == 1.f) {  // C = beta * self, then C += mat1 * mat2 (and the clamp)
@@ -79,11 +79,11 @@ Error addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, cons
           c[i * N + j] = b == 0.f ? 0.f : b * s[(sm == 1 ? 0 : i) * sn + (sn == 1 ? 0 : j)];
     }
     ep.init = GemmInit::C;
-    sgemm(M, N, K, m1, K, m2, N, c, N, ep, ws);
+    sgemm(ctx, M, N, K, m1, K, m2, N, c, N, ep, ws);
     return Error::Ok;
   }
   if (aliases) return fail(Error::NotSupported, "addmm: alpha != 1 with out aliasing self");
-  sgemm(M, N, K, m1, K, m2, N, c, N, GemmEpilogue(), ws);
+  sgemm(ctx, M, N, K, m1, K, m2, N, c, N, GemmEpilogue(), ws);
   const OutputClamp& clamp = ctx.output_clamp();
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
@@ -107,7 +107,7 @@ Error bmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor
   ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
   float* c = out.data_as<float>();
   for (int64_t b = 0; b < B; ++b)
-    sgemm(M, N, K, self.data_as<float>() + b * M * K, K, mat2.data_as<float>() + b * K * N, N,
+    sgemm(ctx, M, N, K, self.data_as<float>() + b * M * K, K, mat2.data_as<float>() + b * K * N, N,
           c + b * M * N, N, GemmEpilogue(), ws);
   return Error::Ok;
 }

@@ -320,7 +320,7 @@ void scalar_max(const float* xp, int64_t W, const Pool2d& q, int64_t h0, int64_t
 
 }  // namespace
 
-Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
+Error max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self,
                                   Span<const int64_t> kernel_size, Span<const int64_t> stride,
                                   Span<const int64_t> padding, Span<const int64_t> dilation,
                                   bool ceil_mode, Tensor& out, Tensor& indices) {
@@ -379,7 +379,7 @@ Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
       mi.store(at);
       for (int64_t i = 0; i < kL; ++i) i_out[i] = I(at[i]);
     };
-    for (int64_t p = 0; p < planes; ++p) {
+    auto plane = [&](int64_t p, int) {  // the threads split the planes
       const float* xp = x + p * H * W;
       for (int64_t oh = 0; oh < OH; ++oh) {
         const int64_t h0 = oh * q.sh - q.ph;
@@ -398,7 +398,8 @@ Error max_pool2d_with_indices_out(KernelContext&, const Tensor& self,
         }
         for (; ow < OW; ++ow) scalar_max(xp, W, q, h0, kh_lo, kh_hi, ow, y + o_row, idx + o_row);
       }
-    }
+    };
+    ctx.parallel_for(planes, plane);
   });
   if (!built)
     return dtype_not_built("aten::max_pool2d_with_indices.out", "indices", indices.dtype());

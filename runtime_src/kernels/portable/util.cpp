@@ -1,5 +1,8 @@
 #include "kernels/portable/util.h"
 
+#include "kernels/portable/kernel_isa.h"
+#include "kernels/simd.h"
+
 namespace etb {
 namespace native {
 
@@ -68,4 +71,10 @@ void make_broadcast2(const Tensor& a, const Tensor& b, Span<const int64_t> out_s
 }
 
 }  // namespace native
+
+// Compiled with the kernel flags (ETB_ARCH), so it names the path the kernels took.
+const char* kernel_isa() {
+  return simd::kIsa;
+}
+
 }  // namespace etb

@@ -49,9 +49,9 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                      int8_t* y) {
   if (depthwise_direct_supported(s)) {
-    Result<void*> tmp = ctx.allocate_temp(depthwise_direct_temp_bytes(s));
+    Result<void*> tmp = ctx.allocate_temp(depthwise_direct_temp_bytes(s, ctx.num_threads()));
     if (!tmp.ok()) return tmp.error();
-    depthwise_direct(s, x, xzp, w, mult, bias, q, y, tmp.value());
+    depthwise_direct(ctx, s, x, xzp, w, mult, bias, q, y, tmp.value());
     return Error::Ok;
   }
   const int64_t HW = s.H * s.W, P = s.OH * s.OW;
@@ -178,7 +178,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
   row_sums(s.OC, K, w, K, wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K, ctx.num_threads()));
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
@@ -201,7 +201,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
       ConvEpilogue e{wsum + g * oc_g, mult + g * oc_g, bias_f + g * oc_g, xzp, q,
                      y + (n * s.OC + g * oc_g) * P, P};
       if (pointwise) {
-        qgemm(oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
+        qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
         continue;
       }
       int8_t* yg = e.out;
@@ -209,7 +209,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
         im2col_tile(s, xg, cin_g, p0, cols, int8_t(xzp), col);
         e.out = yg + p0;
-        qgemm(oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e);
+        qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e);
       }
     }
   }

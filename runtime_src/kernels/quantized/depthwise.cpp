@@ -216,6 +216,13 @@ PlaneFn plane_fn(int64_t K, int64_t S) {
   return S == 1 ? plane<5, 1> : plane<5, 2>;
 }
 
+// Scratch of one thread: the padded int16 planes and the flat int8 outputs.
+size_t thread_temp_bytes(const Planes& p) {
+  // The flat outputs, rounded up to whole vectors, and room for the copy's last 16-byte move.
+  const size_t flat = kVector ? size_t((p.nq + kBlock - 1) / kBlock * kBlock + kBlock) : 0;
+  return align64(size_t(plane_elems(p)) * sizeof(int16_t)) + align64(flat);
+}
+
 }  // namespace
 
 bool depthwise_direct_supported(const ConvShape& s) {
@@ -224,42 +231,43 @@ bool depthwise_direct_supported(const ConvShape& s) {
          s.OW >= 1;
 }
 
-size_t depthwise_direct_temp_bytes(const ConvShape& s) {
-  const Planes p = planes_of(s);
-  // The flat outputs, rounded up to whole vectors, and room for the copy's last 16-byte move.
-  const size_t flat = kVector ? size_t((p.nq + kBlock - 1) / kBlock * kBlock + kBlock) : 0;
-  return align64(size_t(plane_elems(p)) * sizeof(int16_t)) + align64(flat);
+size_t depthwise_direct_temp_bytes(const ConvShape& s, int threads) {
+  return size_t(threads > 1 ? threads : 1) * thread_temp_bytes(planes_of(s));
 }
 
-void depthwise_direct(const ConvShape& s, const int8_t* x, int32_t xzp, const int8_t* w,
-                      const float* mult, const float* bias, const OutQuant& q, int8_t* y,
-                      void* temp) {
+void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x,
+                      int32_t xzp, const int8_t* w, const float* mult, const float* bias,
+                      const OutQuant& q, int8_t* y, void* temp) {
   const Planes p = planes_of(s);
-  int16_t* buf = static_cast<int16_t*>(temp);
+  const size_t per_thread = thread_temp_bytes(p);
   const int64_t elems = plane_elems(p);
-  int8_t* flat = reinterpret_cast<int8_t*>(temp) + align64(size_t(elems) * sizeof(int16_t));
-  std::memset(buf, 0, size_t(elems) * sizeof(int16_t));  // padding and slack stay zero
-  int16_t* const p0 = buf;                               // P, or E
-  int16_t* const p1 = buf + p.rows0 * p.Wp + kSlack;     // O
-  const int16_t* R[5];
-  for (int64_t kh = 0; kh < p.K; ++kh)
-    R[kh] = p.S == 1 ? p0 + kh * p.Wp : ((kh & 1) ? p1 : p0) + (kh / 2) * p.Wp;
+  for (int t = 0; t < ctx.num_threads(); ++t)  // padding and slack stay zero
+    std::memset(static_cast<char*>(temp) + size_t(t) * per_thread, 0,
+                size_t(elems) * sizeof(int16_t));
   const PlaneFn fn = plane_fn(p.K, p.S);
   const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = p.K * p.K;
   const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel
   const int16_t zp = int16_t(xzp);
-  for (int64_t n = 0; n < s.N; ++n) {
-    for (int64_t c = 0; c < s.C; ++c) {
-      const int8_t* xc = x + (n * s.C + c) * HW;
-      for (int64_t ih = 0; ih < s.H; ++ih) {
-        const int64_t r = ih + s.ph;  // padded row
-        int16_t* d = p.S == 1 ? p0 + r * p.Wp : ((r & 1) ? p1 : p0) + (r / 2) * p.Wp;
-        widen_row(xc + ih * s.W, s.W, zp, d + s.pw);
-      }
-      for (int64_t oc = c * mult_ch; oc < (c + 1) * mult_ch; ++oc)
-        fn(R, p, s, w + oc * KK, mult[oc], bias[oc], q, flat, y + (n * s.OC + oc) * P);
+  // The threads split the input channels, each with its own planes.
+  auto channel = [&](int64_t task, int thread) {
+    char* mine = static_cast<char*>(temp) + size_t(thread) * per_thread;
+    int16_t* const p0 = reinterpret_cast<int16_t*>(mine);  // P, or E
+    int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;        // O
+    int8_t* flat = reinterpret_cast<int8_t*>(mine) + align64(size_t(elems) * sizeof(int16_t));
+    const int16_t* R[5];
+    for (int64_t kh = 0; kh < p.K; ++kh)
+      R[kh] = p.S == 1 ? p0 + kh * p.Wp : ((kh & 1) ? p1 : p0) + (kh / 2) * p.Wp;
+    const int64_t n = task / s.C, c = task % s.C;
+    const int8_t* xc = x + (n * s.C + c) * HW;
+    for (int64_t ih = 0; ih < s.H; ++ih) {
+      const int64_t r = ih + s.ph;  // padded row
+      int16_t* d = p.S == 1 ? p0 + r * p.Wp : ((r & 1) ? p1 : p0) + (r / 2) * p.Wp;
+      widen_row(xc + ih * s.W, s.W, zp, d + s.pw);
     }
-  }
+    for (int64_t oc = c * mult_ch; oc < (c + 1) * mult_ch; ++oc)
+      fn(R, p, s, w + oc * KK, mult[oc], bias[oc], q, flat, y + (n * s.OC + oc) * P);
+  };
+  ctx.parallel_for(s.N * s.C, channel);
 }
 
 }  // namespace quantized

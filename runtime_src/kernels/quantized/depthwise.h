@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernel/kernel.h"
 #include "kernels/portable/geometry.h"
 #include "kernels/quantized/requant.h"
 
@@ -16,15 +17,16 @@ namespace quantized {
 /// number of output channels per group).
 bool depthwise_direct_supported(const ConvShape& s);
 
-/// Bytes of scratch memory depthwise_direct needs for a supported shape `s`.
-size_t depthwise_direct_temp_bytes(const ConvShape& s);
+/// Bytes of scratch memory depthwise_direct needs for a supported shape `s` on `threads`.
+size_t depthwise_direct_temp_bytes(const ConvShape& s, int threads);
 
 /// y[n][oc] = requantized sum over taps of (x[n][oc / (OC / C)] - xzp) * w[oc] (NCHW int8, OIHW
 /// weight with I = 1), mult[oc] = float32(x_scale) * w_scale[oc], bias[oc] (0 when none).
-/// `temp` holds depthwise_direct_temp_bytes(s) bytes, 64-byte aligned.
-void depthwise_direct(const ConvShape& s, const int8_t* x, int32_t xzp, const int8_t* w,
-                      const float* mult, const float* bias, const OutQuant& q, int8_t* y,
-                      void* temp);
+/// `temp` holds depthwise_direct_temp_bytes(s, ctx.num_threads()) bytes, 64-byte aligned. The
+/// threads of ctx split the input channels.
+void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x,
+                      int32_t xzp, const int8_t* w, const float* mult, const float* bias,
+                      const OutQuant& q, int8_t* y, void* temp);
 
 }  // namespace quantized
 }  // namespace etb

@@ -81,7 +81,7 @@ struct ChannelParams {
   float* mult;      // input scale x weight scale
   float* bias;      // fp32 bias (0 without one)
   int32_t* wsum;    // weight row sums, for the input zero-point correction
-  void* workspace;  // qgemm_workspace_bytes(K)
+  void* workspace;  // qgemm_workspace_bytes(K, ctx.num_threads())
 };
 
 Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& weight_scales,
@@ -98,7 +98,7 @@ Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& wei
     c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
   }
   row_sums(O, K, weight.data_as<int8_t>(), K, c->wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K, ctx.num_threads()));
   if (!wsm.ok()) return wsm.error();
   c->workspace = wsm.value();
   return Error::Ok;
@@ -125,7 +125,7 @@ Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
   ETB_TRY(channel_params(ctx, weight, weight_scales, bias, float(input_scale), O, K, &c));
   LinearEpilogue e{c.wsum, c.mult, c.bias, int32_t(input_zero_point), q, out.data_as<int8_t>(),
                    nullptr, O, bias != nullptr};
-  qgemm(O, rows, K, weight.data_as<int8_t>(), K, input.data_as<int8_t>(), 1, K, c.workspace,
+  qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, input.data_as<int8_t>(), 1, K, c.workspace,
         linear_tile, &e);
   return Error::Ok;
 }
@@ -175,7 +175,7 @@ Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& 
   ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, &c));
   LinearEpilogue e{c.wsum, c.mult, c.bias, zp, q, nullptr, out.data_as<float>(), O,
                    bias != nullptr};
-  qgemm(O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);
+  qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);
   return Error::Ok;
 }
 

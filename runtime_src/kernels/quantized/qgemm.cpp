@@ -26,8 +26,12 @@ constexpr int64_t kMR = 4, kNR = 8;
 constexpr int64_t kBlockBytes = 192 * 1024;  // packed B block: stays in L2 across A slivers
 constexpr int64_t kSmallN = 4;               // fewer columns: plain dot products
 
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t pairs(int64_t K) { return (K + 1) / 2; }
+inline int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+inline int64_t pairs(int64_t K) {
+  return (K + 1) / 2;
+}
 
 // Columns of B per packed block for depth K (a multiple of kNR).
 int64_t block_cols(int64_t K) {
@@ -36,7 +40,9 @@ int64_t block_cols(int64_t K) {
   return nc < kNR ? kNR : nc;
 }
 
-inline size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+inline size_t align64(size_t n) {
+  return (n + 63) & ~size_t(63);
+}
 
 // Packs columns [n0, n0 + nc) of B into panels of kNR columns of int16 pairs.
 void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
@@ -159,9 +165,10 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
 
 }  // namespace
 
-size_t qgemm_workspace_bytes(int64_t K) {
+size_t qgemm_workspace_bytes(int64_t K, int threads) {
   const size_t Kp = size_t(pairs(K));
-  return align64(size_t(block_cols(K)) * Kp * 4) + align64(size_t(kMR) * Kp * 4);
+  return align64(size_t(block_cols(K)) * Kp * 4) +
+         size_t(threads > 1 ? threads : 1) * align64(size_t(kMR) * Kp * 4);
 }
 
 void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums) {
@@ -173,43 +180,54 @@ void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums)
   }
 }
 
-void qgemm(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const int8_t* B,
-           int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx) {
-  alignas(64) int32_t tile[kMR * kNR];
+void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx) {
   if (M <= 0 || N <= 0) return;
+  const int64_t row_tiles = (M + kMR - 1) / kMR;
   if (K <= 0) {
+    alignas(64) int32_t tile[kMR * kNR];
     for (int64_t i = 0; i < kMR * kNR; ++i) tile[i] = 0;
     for (int64_t m0 = 0; m0 < M; m0 += kMR)
       for (int64_t n0 = 0; n0 < N; n0 += kNR)
         fn(ctx, m0, n0, min64(kMR, M - m0), min64(kNR, N - n0), tile, kNR);
     return;
   }
+  // The threads split the rows of tiles; each tile is summed the same way wherever it runs.
   if (N <= kSmallN && b_sk == 1) {
-    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-      const int64_t mr = min64(kMR, M - m0);
+    auto rows = [&](int64_t t, int) {
+      alignas(64) int32_t tile[kMR * kNR];
+      const int64_t m0 = t * kMR, mr = min64(kMR, M - m0);
       for (int64_t i = 0; i < mr; ++i)
         for (int64_t n = 0; n < N; ++n)
           tile[i * kNR + n] = dot(A + (m0 + i) * lda, B + n * b_sn, K);
       fn(ctx, m0, 0, mr, N, tile, kNR);
-    }
+    };
+    kctx.parallel_for(row_tiles, rows);
     return;
   }
   const int64_t Kp = pairs(K);
   const int64_t nc_max = block_cols(K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
-  int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
-                                              align64(size_t(nc_max) * size_t(Kp) * 4));
+  char* apacks = static_cast<char*>(workspace) + align64(size_t(nc_max) * size_t(Kp) * 4);
+  const size_t apack_bytes = align64(size_t(kMR) * size_t(Kp) * 4);  // one per thread
   for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
     const int64_t nc = min64(nc_max, N - n0);
-    pack_b(K, n0, nc, B, b_sk, b_sn, bpack);
-    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-      const int64_t mr = min64(kMR, M - m0);
+    auto pack = [&](int64_t panel, int) {
+      const int64_t j0 = panel * kNR;
+      pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * Kp * kNR * 2);
+    };
+    kctx.parallel_for((nc + kNR - 1) / kNR, pack);
+    auto rows = [&](int64_t t, int thread) {
+      alignas(64) int32_t tile[kMR * kNR];
+      int16_t* apack = reinterpret_cast<int16_t*>(apacks + size_t(thread) * apack_bytes);
+      const int64_t m0 = t * kMR, mr = min64(kMR, M - m0);
       pack_a(K, m0, mr, A, lda, apack);
       for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
         micro_kernel(Kp, apack, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
         fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);
       }
-    }
+    };
+    kctx.parallel_for(row_tiles, rows);
   }
 }
 

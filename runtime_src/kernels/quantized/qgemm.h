@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernel/kernel.h"
+
 namespace etb {
 namespace quantized {
 
@@ -14,15 +16,17 @@ namespace quantized {
 using QTileFn = void (*)(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr,
                          const int32_t* acc, int64_t acc_ld);
 
-/// Bytes of workspace (64-byte aligned) qgemm needs for depth K.
-size_t qgemm_workspace_bytes(int64_t K);
+/// Bytes of workspace (64-byte aligned) qgemm needs for depth K on `threads` threads.
+size_t qgemm_workspace_bytes(int64_t K, int threads);
 
 /// C[M x N] = A[M x K] * B[K x N] in int32, delivered tile by tile to `fn`.
 /// A is row-major with leading dimension lda (the weights); element (k, n) of B is
 /// B[k * b_sk + n * b_sn] (so a convolution's [K x P] input and a linear layer's transposed
 /// [N x K] input are both views).
-void qgemm(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const int8_t* B,
-           int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
+/// The rows of tiles are split over kctx's threads, so `fn` is called from several threads at
+/// once (for distinct tiles); the sums do not depend on the thread count.
+void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
+           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
 
 /// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row.
 void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums);

@@ -1,0 +1,25 @@
+// Threads that kernels may split their work over. The runtime's core creates none: an app
+// passes a Parallel to Method::set_parallel (platform/thread_pool.h has one for hosted
+// systems; a bare-metal build has none and every kernel runs on the calling thread).
+#pragma once
+
+#include <cstdint>
+
+namespace etb {
+
+/// One task of a parallel loop: `thread` (0 for the calling thread) is below the pool's
+/// num_threads(), so a kernel can give each thread its own slice of scratch memory.
+using TaskFn = void (*)(void* ctx, int64_t task, int thread);
+
+/// A set of threads that runs the tasks of one loop at a time.
+class Parallel {
+ public:
+  virtual ~Parallel() = default;
+  /// Threads that run tasks, the calling thread included (>= 1).
+  virtual int num_threads() const = 0;
+  /// Runs fn(ctx, task, thread) once for every task in [0, n), in any order and on any of
+  /// the threads, and returns when all have finished.
+  virtual void run(int64_t n, TaskFn fn, void* ctx) = 0;
+};
+
+}  // namespace etb

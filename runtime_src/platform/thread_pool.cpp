@@ -1,0 +1,127 @@
+#include "platform/thread_pool.h"
+
+namespace etb {
+namespace {
+
+// Spins of a waiting thread before it sleeps: tens of microseconds, longer than the gap
+// between two kernel calls, far shorter than the gap between two runs.
+constexpr int kSpins = 20000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline uint32_t generation_of(uint64_t word) {
+  return uint32_t(word >> 32);
+}
+inline int64_t task_of(uint64_t word) {
+  return int64_t(word & 0xffffffffu);
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  pthread_mutex_init(&run_mu_, nullptr);
+  pthread_mutex_init(&mu_, nullptr);
+  pthread_cond_init(&work_cv_, nullptr);
+  pthread_cond_init(&done_cv_, nullptr);
+  if (threads > kMaxThreads) threads = kMaxThreads;
+  for (int t = 1; t < threads; ++t) {
+    Worker& w = workers_[num_workers_];
+    w.pool = this;
+    w.thread = t;
+    if (pthread_create(&w.handle, nullptr, &ThreadPool::worker_main, &w) != 0) break;
+    ++num_workers_;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  pthread_mutex_lock(&mu_);
+  stop_.store(true);
+  pthread_cond_broadcast(&work_cv_);
+  pthread_mutex_unlock(&mu_);
+  for (int i = 0; i < num_workers_; ++i) pthread_join(workers_[i].handle, nullptr);
+  pthread_cond_destroy(&done_cv_);
+  pthread_cond_destroy(&work_cv_);
+  pthread_mutex_destroy(&mu_);
+  pthread_mutex_destroy(&run_mu_);
+}
+
+void ThreadPool::run_tasks(uint32_t generation, int thread) {
+  for (;;) {
+    uint64_t word = next_.load(std::memory_order_acquire);
+    if (generation_of(word) != generation) return;
+    // Read the loop before claiming: a successful claim proves the word (and so the loop)
+    // did not change in between, and the loop cannot end while one of its tasks is claimed
+    // and unfinished.
+    const int64_t n = num_tasks_.load(std::memory_order_relaxed);
+    const TaskFn fn = fn_.load(std::memory_order_relaxed);
+    void* ctx = ctx_.load(std::memory_order_relaxed);
+    if (task_of(word) >= n) return;
+    if (!next_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
+    fn(ctx, task_of(word), thread);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n &&
+        caller_sleeps_.load(std::memory_order_acquire)) {
+      pthread_mutex_lock(&mu_);
+      pthread_cond_signal(&done_cv_);
+      pthread_mutex_unlock(&mu_);
+    }
+  }
+}
+
+void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
+  if (n <= 0) return;
+  if (num_workers_ == 0 || n == 1 || n > int64_t(0xffffffffu)) {
+    for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
+    return;
+  }
+  pthread_mutex_lock(&run_mu_);
+  fn_.store(fn, std::memory_order_relaxed);
+  ctx_.store(ctx, std::memory_order_relaxed);
+  num_tasks_.store(n, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t generation = generation_of(next_.load(std::memory_order_relaxed)) + 1;
+  pthread_mutex_lock(&mu_);
+  next_.store(uint64_t(generation) << 32, std::memory_order_release);  // publishes the loop
+  pthread_cond_broadcast(&work_cv_);
+  pthread_mutex_unlock(&mu_);
+  run_tasks(generation, 0);
+  for (int spin = 0; done_.load(std::memory_order_acquire) != n && spin < kSpins; ++spin)
+    cpu_relax();
+  if (done_.load(std::memory_order_acquire) != n) {
+    pthread_mutex_lock(&mu_);
+    caller_sleeps_.store(true, std::memory_order_release);
+    while (done_.load(std::memory_order_acquire) != n) pthread_cond_wait(&done_cv_, &mu_);
+    caller_sleeps_.store(false, std::memory_order_relaxed);
+    pthread_mutex_unlock(&mu_);
+  }
+  pthread_mutex_unlock(&run_mu_);
+}
+
+void* ThreadPool::worker_main(void* arg) {
+  Worker& w = *static_cast<Worker*>(arg);
+  ThreadPool& pool = *w.pool;
+  uint32_t seen = 0;
+  for (;;) {
+    for (int spin = 0; spin < kSpins; ++spin) {
+      if (generation_of(pool.next_.load(std::memory_order_acquire)) != seen ||
+          pool.stop_.load(std::memory_order_relaxed))
+        break;
+      cpu_relax();
+    }
+    pthread_mutex_lock(&pool.mu_);
+    while (generation_of(pool.next_.load(std::memory_order_acquire)) == seen &&
+           !pool.stop_.load(std::memory_order_relaxed))
+      pthread_cond_wait(&pool.work_cv_, &pool.mu_);
+    pthread_mutex_unlock(&pool.mu_);
+    if (pool.stop_.load()) return nullptr;
+    seen = generation_of(pool.next_.load(std::memory_order_acquire));
+    pool.run_tasks(seen, w.thread);
+  }
+}
+
+}  // namespace etb

@@ -1,0 +1,58 @@
+// A pool of POSIX threads for the kernels' parallel loops (hosted systems only).
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "kernel/parallel.h"
+
+namespace etb {
+
+/// `threads` - 1 worker threads plus the thread that calls run(). A loop is done when all of
+/// its tasks are, whether or not every worker took part, so a worker that the OS has not
+/// scheduled never holds the caller up. Workers spin briefly after a loop (the next kernel
+/// call usually follows within microseconds), then sleep. One loop runs at a time:
+/// concurrent run() calls take turns.
+class ThreadPool final : public Parallel {
+ public:
+  /// Most threads a pool runs.
+  static constexpr int kMaxThreads = 64;
+  /// Starts min(max(threads, 1), kMaxThreads) - 1 workers; num_threads() says how many run
+  /// (fewer when the system refuses to start a thread).
+  explicit ThreadPool(int threads);
+  ~ThreadPool() override;
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const override { return num_workers_ + 1; }
+  void run(int64_t n, TaskFn fn, void* ctx) override;
+
+ private:
+  struct Worker {
+    ThreadPool* pool;
+    int thread;
+    pthread_t handle;
+  };
+  static void* worker_main(void* arg);
+  // Claims and runs tasks of loop `generation` until none is left (or a newer loop began).
+  void run_tasks(uint32_t generation, int thread);
+
+  Worker workers_[kMaxThreads];
+  int num_workers_ = 0;
+  pthread_mutex_t run_mu_;  // one loop at a time
+  pthread_mutex_t mu_;      // guards sleeping and waking
+  pthread_cond_t work_cv_;
+  pthread_cond_t done_cv_;
+  // The current loop: its generation in the high 32 bits, the next unclaimed task below.
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
+  std::atomic<TaskFn> fn_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<int64_t> num_tasks_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> caller_sleeps_{false};
+};
+
+}  // namespace etb

@@ -1,0 +1,381 @@
+"""The fp32 kernels on every SIMD path this machine can run.
+
+``etb_runner`` (every kernel, no selection) is built once per session for each instruction-set
+level the config can ask for: ``target.march=x86-64`` (SSE2), ``x86-64-v3`` (AVX2 + FMA),
+``x86-64-v4`` (AVX-512, when this CPU has it) and ``+target=linux_aarch64`` (NEON, built with
+the cross compiler and run under qemu-aarch64, when both are installed; CI installs them). Each
+runner must report the path it was built for (``--isa``, and the build stage's reading of the
+compile flags), then run one program against torch: convolutions on randomized shapes (odd
+sizes, channels that are not a multiple of 16, stride 2, padding, dilation 2, groups 2,
+depthwise 3x3 stride 1 and 2, 1x1 pointwise, Conv1d), linear/addmm with M in {1, 3, 7, 33} and
+odd N and K, mm and bmm, and convolutions and linear layers followed by ReLU6 / ReLU, which
+Method load fuses into the kernel's epilogue.
+
+The program holds every case (one input set and one output per case), so each runner runs once.
+"""
+
+from __future__ import annotations
+
+import platform
+import random
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from etbuild_test_support import compose_config
+from rt_helpers import assert_matches, build_with_pipeline
+from torch import nn
+
+from etbuild.pipeline import etbt
+from etbuild.pipeline.config import validate
+from etbuild.pipeline.paths import RUNTIME_SRC_DIR
+from etbuild.pipeline.stages.build import cmake_args, kernel_isa_from_flags
+from etbuild.pipeline.toolchain import resolve
+
+SEED = 20240611  # the shapes are drawn once from this seed, so a failure reproduces
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+CPU = _cpu_flags()
+X86 = platform.machine() in ("x86_64", "AMD64")
+# What this CPU must have to run each x86-64 level (the flags /proc/cpuinfo names them by).
+V3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}
+V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+AARCH64_TOOLS = shutil.which("aarch64-linux-gnu-g++") is not None and (
+    shutil.which("qemu-aarch64") is not None or platform.machine() in ("aarch64", "arm64")
+)
+
+# (id, the path kernels/simd.h must take, config overrides, can this machine run it)
+BUILDS = [
+    ("x86-64", "sse2", ["target.march=x86-64"], X86, "not an x86-64 machine"),
+    ("x86-64-v3", "avx2", ["target.march=x86-64-v3"], X86 and V3 <= CPU, "no AVX2/FMA here"),
+    ("x86-64-v4", "avx512", ["target.march=x86-64-v4"], X86 and V4 <= CPU, "no AVX-512 here"),
+    (
+        "linux_aarch64",
+        "neon",
+        ["+target=linux_aarch64"],
+        AARCH64_TOOLS,
+        "needs g++-aarch64-linux-gnu and qemu-user (apt-get install; CI installs them)",
+    ),
+]
+PARAMS = [
+    pytest.param(name, isa, overrides, id=isa, marks=pytest.mark.skipif(not ok, reason=why))
+    for name, isa, overrides, ok, why in BUILDS
+]
+
+
+@dataclass
+class BuiltRunner:
+    runner: Path
+    build_dir: Path
+    prefix: list[str]  # qemu for the aarch64 runner, else nothing
+
+
+@pytest.fixture(scope="session")
+def runners(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, list[str]], BuiltRunner]:
+    """``get(name, overrides)``: the session's one ``etb_runner`` build (every kernel) for the
+    config ``overrides``, configured exactly as the build stage configures it."""
+    built: dict[str, BuiltRunner] = {}
+
+    def get(name: str, overrides: list[str]) -> BuiltRunner:
+        if name not in built:
+            cfg = validate(compose_config(["model=mlp", *overrides]))
+            tc = resolve(cfg.target)
+            build_dir = tmp_path_factory.mktemp(f"isa_{name}")
+            cmake = shutil.which("cmake") or "cmake"
+            args = [*cmake_args(cfg, tc), "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
+            configure = subprocess.run(
+                [cmake, "-S", str(RUNTIME_SRC_DIR), "-B", str(build_dir), "-G", "Ninja", *args],
+                capture_output=True,
+                text=True,
+            )
+            assert configure.returncode == 0, configure.stdout[-4000:] + configure.stderr[-4000:]
+            build = subprocess.run(
+                [cmake, "--build", str(build_dir), "--target", "etb_runner", "-j2"],
+                capture_output=True,
+                text=True,
+            )
+            assert build.returncode == 0, build.stdout[-6000:] + build.stderr[-3000:]
+            assert tc.run_prefix is not None, tc.not_runnable_reason
+            built[name] = BuiltRunner(build_dir / "etb_runner", build_dir, tc.run_prefix)
+        return built[name]
+
+    return get
+
+
+# ---- the program: one layer (or layer + activation) per case ------------------------------
+
+
+class MM(nn.Module):
+    def forward(self, a, b):
+        return torch.mm(a, b)
+
+
+class BMM(nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+class AddMM(nn.Module):
+    def forward(self, s, a, b):
+        return torch.addmm(s, a, b, beta=0.5, alpha=1.5)
+
+
+@dataclass
+class Case:
+    name: str
+    module: nn.Module
+    shapes: list[list[int]]
+    fused: bool = False  # a ReLU/ReLU6 that Method load fuses into the layer
+
+
+class Suite(nn.Module):
+    """Every case on its own inputs; returns one output per case."""
+
+    def __init__(self, cases: list[Case]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(c.module for c in cases)
+        self.arity = [len(c.shapes) for c in cases]
+
+    def forward(self, *xs):
+        outs, i = [], 0
+        for layer, n in zip(self.layers, self.arity, strict=True):
+            outs.append(layer(*xs[i : i + n]))
+            i += n
+        return tuple(outs)
+
+
+def _cases(rng: random.Random) -> list[Case]:
+    def odd(lo: int, hi: int) -> int:
+        return rng.randrange(lo | 1, hi, 2)
+
+    def chans(lo: int, hi: int) -> int:  # never a multiple of 16 (vector tails everywhere)
+        while True:
+            c = rng.randrange(lo, hi)
+            if c % 16:
+                return c
+
+    def conv(name, cin, cout, hw, k, act=None, batch=1, bias=True, **kw) -> Case:
+        layer = nn.Conv2d(cin, cout, k, bias=bias, **kw)
+        return _with_act(name, layer, [[batch, cin, *hw]], act)
+
+    def conv1d(name, cin, cout, length, k, **kw) -> Case:
+        return Case(name, nn.Conv1d(cin, cout, k, **kw), [[1, cin, length]])
+
+    def linear(name, m, k, n, act=None, bias=True) -> Case:
+        return _with_act(name, nn.Linear(k, n, bias=bias), [[m, k]], act)
+
+    def hw() -> list[int]:
+        return [odd(5, 20), odd(5, 40)]
+
+    def wide() -> list[int]:
+        return [odd(5, 16), odd(35, 72)]
+
+    cases = [
+        conv("conv3x3", chans(3, 40), chans(5, 70), hw(), 3, padding=1),
+        conv("conv5x5_s2_p2", chans(3, 30), chans(5, 50), hw(), 5, stride=2, padding=2),
+        conv("conv3x3_dilation2", chans(3, 30), chans(5, 50), hw(), 3, dilation=2, padding=2),
+        conv("conv3x3_s2_nopad", chans(3, 30), chans(5, 50), hw(), 3, stride=2),
+        conv("conv3x3_groups2", 2 * odd(3, 14), 2 * odd(3, 22), hw(), 3, padding=1, groups=2),
+        conv("conv3x1_s2x1", chans(3, 30), chans(5, 40), hw(), (3, 1), stride=(2, 1),
+             padding=(1, 0)),
+        conv("conv3x3_nobias_batch2", chans(3, 20), chans(5, 40), hw(), 3, batch=2, bias=False,
+             padding=1),
+        conv("pointwise1x1", chans(17, 100), chans(9, 80), hw(), 1),
+        conv("pointwise1x1_relu", chans(17, 100), chans(9, 80), hw(), 1, act="relu"),
+        conv("conv3x3_relu6", chans(3, 40), chans(5, 70), hw(), 3, act="relu6", padding=1),
+        conv("conv3x3_s2_relu", chans(3, 40), chans(5, 70), hw(), 3, act="relu", stride=2,
+             padding=1),
+        conv1d("conv1d_s2", chans(3, 40), chans(5, 50), odd(9, 62), 3, stride=2, padding=1),
+        conv1d("conv1d_dilation2", chans(3, 40), chans(5, 50), odd(9, 62), 5, dilation=2,
+               padding=4),
+    ]  # fmt: skip
+    # Depthwise rows wide enough for a 16-lane body and a tail at stride 2 as well.
+    for stride in (1, 2):
+        c = chans(8, 80)
+        cases.append(conv(f"depthwise3x3_s{stride}", c, c, wide(), 3, stride=stride, padding=1,
+                          groups=c))  # fmt: skip
+    c = chans(8, 80)
+    cases.append(conv("depthwise3x3_s2_relu6", c, c, wide(), 3, act="relu6", stride=2,
+                      padding=1, groups=c))  # fmt: skip
+    for m in (1, 3, 7, 33):
+        cases.append(linear(f"linear_m{m}", m, odd(9, 300), odd(5, 200)))
+    cases += [
+        linear("linear_m7_relu6", 7, odd(9, 200), odd(5, 150), act="relu6"),
+        linear("linear_m33_relu", 33, odd(9, 200), odd(5, 150), act="relu"),
+        linear("linear_m3_nobias", 3, odd(9, 200), odd(5, 150), bias=False),
+    ]
+    m, k, n = odd(1, 40), odd(9, 200), odd(5, 150)
+    cases.append(Case("addmm", AddMM(), [[m, n], [m, k], [k, n]]))
+    for i in range(2):
+        m, k, n = odd(1, 40), odd(9, 200), odd(5, 150)
+        cases.append(Case(f"mm_{i}", MM(), [[m, k], [k, n]]))
+    b, m, k, n = rng.randrange(2, 5), odd(1, 20), odd(9, 100), odd(5, 80)
+    cases.append(Case("bmm", BMM(), [[b, m, k], [b, k, n]]))
+    return cases
+
+
+def _with_act(name: str, layer: nn.Module, shapes: list[list[int]], act: str | None) -> Case:
+    with torch.no_grad():  # outputs of order a few units, so ReLU6 clips at both ends
+        fan_in = layer.weight[0].numel()
+        layer.weight.normal_(0, 3 * fan_in**-0.5)
+        if layer.bias is not None:
+            layer.bias.normal_(0, 1)
+    if act is None:
+        return Case(name, layer, shapes)
+    activation = nn.ReLU6() if act == "relu6" else nn.ReLU()
+    return Case(name, nn.Sequential(layer, activation), shapes, fused=True)
+
+
+@dataclass
+class Program:
+    path: Path
+    cases: list[Case]
+    inputs: list[torch.Tensor]
+    expected: list[torch.Tensor]
+
+
+@pytest.fixture(scope="session")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Program:
+    rng = random.Random(SEED)
+    torch.manual_seed(SEED)
+    cases = _cases(rng)
+    suite = Suite(cases).eval()
+    inputs = [torch.randn(shape) for c in cases for shape in c.shapes]
+    with torch.no_grad():
+        expected = list(suite(*inputs))
+    path = build_with_pipeline(suite, inputs, tmp_path_factory.mktemp("isa_program"))
+    return Program(path, cases, inputs, expected)
+
+
+@pytest.fixture(scope="session")
+def runs(runners, program: Program, tmp_path_factory: pytest.TempPathFactory):
+    """``run(name, overrides) -> (stdout, outputs)``: the program run once on that runner."""
+    done: dict[str, tuple[str, list[torch.Tensor]]] = {}
+
+    def run(name: str, overrides: list[str]) -> tuple[str, list[torch.Tensor]]:
+        if name not in done:
+            built = runners(name, overrides)
+            d = tmp_path_factory.mktemp(f"isa_run_{name}")
+            cmd = [*built.prefix, str(built.runner), str(program.path)]
+            for i, t in enumerate(program.inputs):
+                etbt.write(d / f"input_{i}.etbt", t)
+                cmd += ["--input", str(d / f"input_{i}.etbt")]
+            cmd += ["--iters", "1", "--warmup", "0", "--profile", "--output-dir", str(d)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
+            done[name] = (proc.stdout, [etbt.read(p) for p in outs])
+        return done[name]
+
+    return run
+
+
+# ---- the tests ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+def test_runner_reports_the_isa_it_was_built_for(runners, name, isa, overrides) -> None:
+    built = runners(name, overrides)
+    proc = subprocess.run(
+        [*built.prefix, str(built.runner), "--isa"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == isa
+    # The build stage's reading of the kernels' compile flags (all a non-runnable target gets).
+    assert kernel_isa_from_flags(built.build_dir) == isa
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+def test_kernels_match_torch(runs, program: Program, name, isa, overrides) -> None:
+    stdout, outputs = runs(name, overrides)
+    assert re.search(rf"^kernel_isa: {isa}$", stdout, re.M), stdout[-2000:]
+    assert len(outputs) == len(program.cases)
+    failures = []
+    for case, got, want in zip(program.cases, outputs, program.expected, strict=True):
+        try:
+            assert_matches(got, want, 1e-4)
+        except AssertionError as exc:
+            shapes = " ".join(str(s) for s in case.shapes)
+            failures.append(f"{case.name} ({shapes}; {case.module}): {exc}")
+    assert not failures, f"{isa}: {len(failures)} of {len(outputs)} cases differ from torch:\n" + (
+        "\n".join(failures)
+    )
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+def test_activations_run_fused_into_the_layer(runs, program: Program, name, isa, overrides):
+    """Each ReLU/ReLU6 after a convolution or linear layer runs in its epilogue (the fused
+    clamp of every SIMD path is what test_kernels_match_torch compared)."""
+    stdout, _ = runs(name, overrides)
+    fused = len(re.findall(r"^profile: fused ", stdout, re.M))
+    assert fused == sum(c.fused for c in program.cases), stdout[-3000:]
+
+
+def test_host_module_takes_the_vector_path(rt) -> None:
+    """etbuild.runtime is built with target.march's default (native): on a CPU with AVX2 and
+    FMA its kernels take the AVX2 or AVX-512 path, never the SSE2 or scalar fallback."""
+    assert rt.kernel_isa() in ("avx512", "avx2", "sse2", "neon", "scalar")
+    if not {"avx2", "fma"} <= CPU:
+        pytest.skip("this CPU has no AVX2 + FMA")
+    assert rt.kernel_isa() in ("avx2", "avx512")
+    if "avx512f" in CPU:
+        assert rt.kernel_isa() == "avx512"
+
+
+@pytest.mark.parametrize(
+    ("march", "verify_on"), [("", True), ("armv8.2-a", True), ("armv8.2-a", False)]
+)
+def test_report_says_where_the_isa_comes_from(tmp_path: Path, march: str, verify_on: bool):
+    """For a target that cannot run here (android, cortex_m; neither is built in this test),
+    verify and report give the path the compile flags give (the build stage's reading)."""
+    from etbuild.pipeline.config import TargetKind
+    from etbuild.pipeline.runner import Context, StageRecord
+    from etbuild.pipeline.stages import verify
+    from etbuild.pipeline.stages.report import _kernels_line
+    from etbuild.pipeline.toolchain import Toolchain
+
+    tc = Toolchain(
+        kind=TargetKind.android,
+        cmake_args=[],
+        strip="",
+        nm="",
+        run_prefix=None,
+        not_runnable_reason="no Android device is attached",
+        march=march,
+    )
+    ctx = Context(compose_config(["model=mlp"]), tmp_path)
+    ctx.artifacts.update(toolchain=tc, kernel_isa="neon")
+    arch = f"`-march={march}`" if march else "the toolchain's default `-march`"
+    if not verify_on:
+        line = f"- kernels: {arch}, SIMD path `neon` (from the compile flags)"
+        assert _kernels_line(ctx.artifacts) == [line]
+        return
+    ctx.records.append(StageRecord("verify"))
+    verify.run(ctx)
+    isa = "neon (the target's path from its compile flags; not run)"
+    assert ctx.current.summary["kernel_isa"] == isa
+    assert ctx.current.summary["status"].startswith("built, not run")
+    assert _kernels_line(ctx.artifacts) == [f"- kernels: {arch}, SIMD path {isa}"]
+
+
+def test_runner_isa_flag_takes_no_other_arguments(runners) -> None:
+    if not X86:
+        pytest.skip("not an x86-64 machine")
+    built = runners("x86-64", ["target.march=x86-64"])
+    proc = subprocess.run([str(built.runner), "--isa", "extra"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
