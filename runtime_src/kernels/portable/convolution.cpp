@@ -60,8 +60,8 @@ void im2col_channel(const ConvShape& s, const float* x, int64_t c, int64_t p0, i
 }  // namespace
 
 Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
-                      const Tensor* bias, Span<const int64_t> stride,
-                      Span<const int64_t> padding, Span<const int64_t> dilation, bool transposed,
+                      const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
+                      Span<const int64_t> dilation, bool transposed,
                       Span<const int64_t> output_padding, int64_t groups, Tensor& out) {
   (void)output_padding;
   if (transposed) return fail(Error::NotSupported, "convolution: transposed is not supported");
@@ -70,8 +70,8 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     return fail(Error::NotSupported, "convolution: input must be 3-d or 4-d, got %d-d",
                 input.dim());
   if (weight.dim() != input.dim())
-    return fail(Error::InvalidArgument, "convolution: weight has %d dims, input %d",
-                weight.dim(), input.dim());
+    return fail(Error::InvalidArgument, "convolution: weight has %d dims, input %d", weight.dim(),
+                input.dim());
   ConvShape s;
   s.N = input.size(0);
   s.C = input.size(1);
@@ -87,7 +87,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     ok = ok && pair_item(padding, 0, 0, &s.ph) && pair_item(padding, 1, 0, &s.pw);
     ok = ok && pair_item(dilation, 0, 1, &s.dh) && pair_item(dilation, 1, 1, &s.dw);
   } else {
-    s.sh = 1; s.ph = 0; s.dh = 1;
+    s.sh = 1;
+    s.ph = 0;
+    s.dh = 1;
     ok = ok && pair_item(stride, 0, 1, &s.sw) && pair_item(padding, 0, 0, &s.pw) &&
          pair_item(dilation, 0, 1, &s.dw);
   }
@@ -99,11 +101,14 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       s.pw > kLimit)
     return fail(Error::InvalidArgument, "convolution: stride/padding/dilation too large");
   if (s.sh < 1 || s.sw < 1 || s.dh < 1 || s.dw < 1 || s.ph < 0 || s.pw < 0)
-    return fail(Error::InvalidArgument, "convolution: stride and dilation must be >= 1, "
+    return fail(Error::InvalidArgument,
+                "convolution: stride and dilation must be >= 1, "
                 "padding >= 0");
   if (groups < 1 || s.C % groups != 0 || s.OC % groups != 0)
-    return fail(Error::InvalidArgument, "convolution: groups=%lld must divide %lld input and "
-                "%lld output channels", (long long)groups, (long long)s.C, (long long)s.OC);
+    return fail(Error::InvalidArgument,
+                "convolution: groups=%lld must divide %lld input and "
+                "%lld output channels",
+                (long long)groups, (long long)s.C, (long long)s.OC);
   const int64_t cin_g = s.C / groups;
   if (weight.size(1) != cin_g)
     return fail(Error::InvalidArgument,
@@ -127,15 +132,31 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const int64_t P = s.OH * s.OW;
   if (out.numel() == 0) return Error::Ok;
   if (cin_g == 1 && groups > 1) {
-    Result<void*> scratch = ctx.allocate_temp(depthwise_conv_f32_scratch_bytes(s), 64);
+    // The threads split runs of input channels (of one batch item each), each run with its own
+    // scratch; a channel is computed the same way in any run.
+    const int threads = ctx.num_threads();
+    const size_t per_thread = (depthwise_conv_f32_scratch_bytes(s) + 63) / 64 * 64;
+    Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
-    depthwise_conv_f32(s, x, w, bias != nullptr ? bias->data_as<float>() : nullptr,
-                       ctx.output_clamp(), y, scratch.value());
+    const int64_t run = threads == 1 ? s.C : (s.C + 4 * threads - 1) / (4 * threads);
+    const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
+    const float* bd = bias != nullptr ? bias->data_as<float>() : nullptr;
+    auto channels = [&](int64_t task, int thread) {
+      const int64_t n = task / runs, c0 = (task % runs) * run;
+      ConvShape part = s;
+      part.N = 1;
+      part.C = part.groups = run < s.C - c0 ? run : s.C - c0;
+      part.OC = part.C * mult;
+      depthwise_conv_f32(part, x + (n * s.C + c0) * s.H * s.W, w + c0 * mult * s.KH * s.KW,
+                         bd != nullptr ? bd + c0 * mult : nullptr, ctx.output_clamp(),
+                         y + (n * s.OC + c0 * mult) * P,
+                         static_cast<char*>(scratch.value()) + size_t(thread) * per_thread);
+    };
+    ctx.parallel_for(s.N * runs, channels);
     return Error::Ok;
   }
   const int64_t oc_g = s.OC / groups;
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 &&
-                         s.pw == 0;
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   const int64_t K = cin_g * s.KH * s.KW;
   Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
   if (!ws_mem.ok()) return ws_mem.error();
