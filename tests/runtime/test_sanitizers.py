@@ -31,23 +31,29 @@ ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _build_tests(tmp_path_factory, name: str, build_type: str, sanitize: str, *targets: str):
+    """Configures and builds tests/runtime/cpp (the runtime, its runner and the C++ tests)."""
     from etbuild.pipeline.paths import RUNTIME_SRC_DIR
 
-    build = (
-        BUILD_ROOT / "runtime-tests-asan" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("a")
-    )
+    build = BUILD_ROOT / name if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp(name)
     cfg = subprocess.run(
         ["cmake", "-S", str(CPP_DIR), "-B", str(build), "-G", "Ninja",
          f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}",
-         "-DCMAKE_BUILD_TYPE=Debug", "-DETB_SANITIZE=address,undefined"],
+         f"-DCMAKE_BUILD_TYPE={build_type}", f"-DETB_SANITIZE={sanitize}"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert cfg.returncode == 0, cfg.stdout + cfg.stderr
-    res = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True)
+    target_args = [a for t in targets for a in ("--target", t)]
+    res = subprocess.run(
+        ["cmake", "--build", str(build), "-j2", *target_args], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return build
+
+
+@pytest.fixture(scope="session")
+def sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_tests(tmp_path_factory, "runtime-tests-asan", "Debug", "address,undefined")
 
 
 def _check(res: subprocess.CompletedProcess, ok_codes=(0, 1)) -> None:
@@ -124,23 +130,9 @@ def test_wrong_input_sanitized(sanitized, zoo_build, tmp_path):
 @pytest.fixture(scope="session")
 def thread_sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """etb_runner built with ThreadSanitizer."""
-    from etbuild.pipeline.paths import RUNTIME_SRC_DIR
-
-    build = (
-        BUILD_ROOT / "runtime-tests-tsan" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("t")
+    build = _build_tests(
+        tmp_path_factory, "runtime-tests-tsan", "RelWithDebInfo", "thread", "etb_runner"
     )
-    cfg = subprocess.run(
-        ["cmake", "-S", str(CPP_DIR), "-B", str(build), "-G", "Ninja",
-         f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}",
-         "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DETB_SANITIZE=thread"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
-    res = subprocess.run(
-        ["cmake", "--build", str(build), "-j2", "--target", "etb_runner"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return build / "runtime" / "etb_runner"
 
 
