@@ -198,6 +198,17 @@ ETB_SIMD_INLINE void store_block(const VecF* acc, VecF lo, VecF hi, const Block&
       simd::clamp(acc[r * V + v], lo, hi).store(b.d + r * b.ds + offset_of<V>(v, b.last));
 }
 
+// One tap of a block: acc[r][v] += wv * the block's inputs at p (R rows of V vectors).
+template <int R, int V>
+ETB_SIMD_INLINE void add_tap(VecF* acc, VecF wv, const float* p, const Block& b) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      acc[r * V + v] =
+          simd::fma(wv, VecF::load(p + r * b.qs + offset_of<V>(v, b.last)), acc[r * V + v]);
+}
+
 // A K x K kernel with stride S (both axes) and no dilation: src(kh, kw) = rows[kh][kw % S] +
 // kw / S, with rows[kh][cp] = plane(kh % S, cp) + (kh / S) * QW.
 template <int K, int S>
@@ -216,12 +227,7 @@ struct FixedTaps {
       for (int kw = 0; kw < K; ++kw) {
         const float* p = rows[kh * S + kw % S] + kw / S + b.q;
         const VecF wv = w[kh * K + kw];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-          for (int v = 0; v < V; ++v)
-            acc[r * V + v] =
-                simd::fma(wv, VecF::load(p + r * b.qs + offset_of<V>(v, b.last)), acc[r * V + v]);
+        add_tap<R, V>(acc, wv, p, b);
       }
     }
     store_block<R, V>(acc, lo, hi, b);
@@ -246,12 +252,7 @@ struct RuntimeTaps {
     for (int64_t t = 0; t < taps; ++t) {
       const float* p = base + off[t];
       const VecF wv = VecF::broadcast(w[t]);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int v = 0; v < V; ++v)
-          acc[r * V + v] =
-              simd::fma(wv, VecF::load(p + r * b.qs + offset_of<V>(v, b.last)), acc[r * V + v]);
+      add_tap<R, V>(acc, wv, p, b);
     }
     store_block<R, V>(acc, lo, hi, b);
   }
