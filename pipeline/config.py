@@ -202,6 +202,11 @@ class TargetConfig:
     machine's CPU), null or ``""`` (the toolchain's default, no ``-march``: the cross targets'
     default), or any ``-march`` value: ``x86-64`` (SSE2), ``x86-64-v2``, ``x86-64-v3`` (AVX2 +
     FMA: to ship to other AVX2 machines), ``x86-64-v4`` (AVX-512), ``armv8.2-a``.
+
+    ``threads`` is how many threads the runtime splits its kernels over on the device (the
+    calling thread included; 1 to 64): the runner's ``--threads``, the Python module's
+    ``load(path, threads=N)``. Verify runs the program at this count and the report records
+    it. cortex_m has no threads (1).
     """
 
     name: str = "host"
@@ -219,6 +224,7 @@ class TargetConfig:
     march: str | None = field(
         default="native", metadata={"pattern": MARCH_PATTERN, "expected": MARCH_EXPECTED}
     )
+    threads: int = 1
 
 
 class Planner(Enum):

@@ -40,6 +40,8 @@ class Toolchain:
     # The kernels' -march (CMake's ETB_ARCH): "native", an -march value, or "" (the
     # toolchain's default).
     march: str = ""
+    # The threads the runtime splits its kernels over (target.threads).
+    threads: int = 1
 
     @property
     def runnable(self) -> bool:
@@ -303,18 +305,41 @@ def _cortex_m(tcfg: DictConfig) -> Toolchain:
     )
 
 
+# The runtime's thread pool holds at most this many threads (ThreadPool::kMaxThreads).
+MAX_THREADS = 64
+
+
+def target_threads(tcfg: DictConfig) -> int:
+    """``target.threads``, checked: 1 to MAX_THREADS, and 1 on bare metal (no threads)."""
+    threads = int(tcfg.threads)
+    if not 1 <= threads <= MAX_THREADS:
+        raise EtbuildError(
+            f"target.threads={threads} is not valid: it must be 1 to {MAX_THREADS} (the threads "
+            "the runtime splits its kernels over, the calling thread included)"
+        )
+    if threads != 1 and TargetKind(tcfg.kind) == TargetKind.cortex_m:
+        raise EtbuildError(
+            f"target.threads={threads}: a cortex_m build is bare metal and has no threads; "
+            "set target.threads=1"
+        )
+    return threads
+
+
 def resolve(tcfg: DictConfig, need_run: bool = True) -> Toolchain:
     """The toolchain for a ``target`` config; raises EtbuildError naming what to install or
     set when something is missing. ``need_run``: verify will run the runner here."""
     kind = TargetKind(tcfg.kind)
-    if kind == TargetKind.host:
-        return _host(tcfg)
-    if kind == TargetKind.linux_aarch64:
-        return _linux_aarch64(tcfg, need_run)
-    if kind == TargetKind.android:
-        return _android(tcfg)
-    if kind == TargetKind.cortex_m:
-        return _cortex_m(tcfg)
+    threads = target_threads(tcfg)
+    builders = {
+        TargetKind.host: lambda: _host(tcfg),
+        TargetKind.linux_aarch64: lambda: _linux_aarch64(tcfg, need_run),
+        TargetKind.android: lambda: _android(tcfg),
+        TargetKind.cortex_m: lambda: _cortex_m(tcfg),
+    }
+    if kind in builders:
+        tc = builders[kind]()
+        tc.threads = threads
+        return tc
     raise EtbuildError(
         f"target.kind={kind.value} is not supported by this version of etbuild; use "
         "+target=host, +target=linux_aarch64, +target=android or +target=cortex_m"

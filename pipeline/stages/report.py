@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..config import TargetKind
 from ..runner import Context
 
 
@@ -87,7 +88,14 @@ def _kernels_line(a: dict) -> list[str]:
         isa = reported
     else:
         isa = f"`{a['kernel_isa']}` (from the compile flags)"
-    return [f"- kernels: {march}, SIMD path {isa}"]
+    if tc.kind == TargetKind.cortex_m:
+        threads = "- threads: 1 (bare metal: the runtime has no thread pool)"
+    else:
+        threads = (
+            f"- threads: {tc.threads} (target.threads: `etb_runner --threads {tc.threads}`, "
+            f"`load(path, threads={tc.threads})`)"
+        )
+    return [f"- kernels: {march}, SIMD path {isa}", threads]
 
 
 def render(ctx: Context) -> str:

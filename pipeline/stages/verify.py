@@ -4,6 +4,7 @@ run here (android, cortex_m), the report says the runtime was built but not run.
 
 ``kernel_isa`` is the kernels' SIMD path (avx512, avx2, sse2, neon, scalar) as the runner
 reports it; for a target that cannot run here, the path its compile flags give (build stage).
+The runner runs at ``target.threads`` (``--threads``); ``threads`` is the count it reports.
 
 fp32 programs must match the eager outputs within ``pipeline.verify.tolerance`` x max|eager|.
 Quantized programs are measured instead: SQNR (dB) against the fp32 eager model and top-1
@@ -31,9 +32,10 @@ from ..runner import Context, sha256_file
 class BuiltRunner:
     """The build stage's ``etb_runner`` for one program, run once per input set."""
 
-    def __init__(self, runner: Path, program: Path, prefix: list[str]) -> None:
-        self.runner, self.program, self.prefix = runner, program, prefix
+    def __init__(self, runner: Path, program: Path, prefix: list[str], threads: int = 1) -> None:
+        self.runner, self.program, self.prefix, self.threads = runner, program, prefix, threads
         self.kernel_isa = ""  # the runner's "kernel_isa: <path>" line, after a run
+        self.ran_threads = 0  # the runner's "threads: N" line, after a run
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with tempfile.TemporaryDirectory(prefix="etb_verify_") as tmp:
@@ -42,7 +44,8 @@ class BuiltRunner:
             for i, t in enumerate(inputs):
                 etbt.write(d / f"input_{i}.etbt", t)
                 cmd += ["--input", str(d / f"input_{i}.etbt")]
-            cmd += ["--iters", "1", "--warmup", "0", "--output-dir", tmp]
+            cmd += ["--iters", "1", "--warmup", "0", "--threads", str(self.threads)]
+            cmd += ["--output-dir", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EtbuildError(
@@ -51,6 +54,8 @@ class BuiltRunner:
                 )
             isa = re.search(r"^kernel_isa: (\S+)$", proc.stdout, re.M)
             self.kernel_isa = isa.group(1) if isa else "unknown"
+            threads = re.search(r"^threads: (\d+)$", proc.stdout, re.M)
+            self.ran_threads = int(threads.group(1)) if threads else 0
             outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
             return [etbt.read(p) for p in outs]
 
@@ -134,7 +139,7 @@ def run(ctx: Context) -> None:
     runner = ctx.artifacts["runner"]
     ctx.note_read("model.pte", sha256_file(path))
     ctx.note_read("runtime/bin/etb_runner", sha256_file(runner))
-    program = BuiltRunner(runner, path, tc.run_prefix)
+    program = BuiltRunner(runner, path, tc.run_prefix, tc.threads)
     reference = torch.load(io.BytesIO(ctx.read("reference.pt")), weights_only=True)
     inputs, expected = reference["inputs"], reference["outputs"]
     outputs = program.run(inputs)
@@ -148,7 +153,12 @@ def run(ctx: Context) -> None:
         measured = _check_fp32(outputs, expected, vcfg.tolerance)
     else:
         measured = _measure_quantized(program, reference, outputs)
-    facts = {"status": status, "kernel_isa": program.kernel_isa, **measured}
+    facts = {
+        "status": status,
+        "kernel_isa": program.kernel_isa,
+        "threads": program.ran_threads,
+        **measured,
+    }
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)
     if "sqnr_db" in facts:

@@ -170,6 +170,8 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
         (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
         (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise with 529 taps: the generic path
         (1, 8, 1, 1, 8, 1, 1, 0, 1),  # 1x1 spatial
+        # K = 3 * 41 * 41 = 5043 (odd): weights packed in 3 chunks of rows, 4 column blocks
+        (1, 3, 24, 25, 290, 41, 1, 20, 1),
     ],
 )
 def test_conv2d_paths(rt, pipeline_program, shape):

@@ -329,6 +329,30 @@ def test_cortex_m_names_its_core_with_cpu_not_march() -> None:
         check_supported(cfg)
 
 
+# -- target.threads: the threads the runtime splits its kernels over ---------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2, 64])
+def test_target_threads_reaches_the_toolchain(threads: int) -> None:
+    from etbuild.pipeline.toolchain import resolve
+
+    cfg = validate(compose_config(["model=mlp", f"target.threads={threads}"]))
+    assert resolve(cfg.target).threads == threads
+
+
+@pytest.mark.parametrize("threads", [0, -1, 65])
+def test_target_threads_out_of_range_is_rejected_before_any_work(threads: int) -> None:
+    cfg = validate(compose_config(["model=mlp", f"target.threads={threads}"]))
+    with pytest.raises(EtbuildError, match=rf"target\.threads={threads} is not valid: it must be 1 to 64"):
+        check_supported(cfg)
+
+
+def test_cortex_m_has_no_threads() -> None:
+    cfg = validate(compose_config(["model=mlp", "+target=cortex_m", "target.threads=2"]))
+    with pytest.raises(EtbuildError, match=r"target\.threads=2: a cortex_m build is bare metal"):
+        check_supported(cfg)
+
+
 # -- through the real command line -----------------------------------------------------------
 
 
@@ -368,6 +392,14 @@ def test_cli_missing_target_toolchain(tmp_path: Path) -> None:
 def test_cli_bad_target_march(tmp_path: Path) -> None:
     proc = run_cli(["model=mlp", "target.march=x86 64", f"hydra.run.dir={tmp_path}/run"], tmp_path)
     _assert_clean_failure(proc, "target.march='x86 64'", "-march value")
+    assert not (tmp_path / "run" / "model.pte").exists()
+
+
+def test_cli_target_threads_must_be_a_number_in_range(tmp_path: Path) -> None:
+    proc = run_cli(["model=mlp", "target.threads=four", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    _assert_clean_failure(proc, "target.threads", "four")
+    proc = run_cli(["model=mlp", "target.threads=0", f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    _assert_clean_failure(proc, "target.threads=0 is not valid: it must be 1 to 64")
     assert not (tmp_path / "run" / "model.pte").exists()
 
 

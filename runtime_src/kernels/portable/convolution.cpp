@@ -12,52 +12,6 @@
 
 namespace etb {
 namespace native {
-namespace {
-
-// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
-// group, col[K x pc] (the channels are independent: the threads split them). Works a
-// row segment at a time: one division per output row, then zero fill and a contiguous (or
-// strided) copy of the valid range, so the inner loops have no bounds checks.
-void im2col_channel(const ConvShape& s, const float* x, int64_t c, int64_t p0, int64_t pc,
-                    float* col) {
-  {
-    const float* xc = x + c * s.H * s.W;
-    for (int64_t kh = 0; kh < s.KH; ++kh) {
-      for (int64_t kw = 0; kw < s.KW; ++kw) {
-        float* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
-        int64_t lo_all, hi_all;
-        valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &lo_all, &hi_all);
-        const int64_t off = kw * s.dw - s.pw;
-        int64_t j = 0, p = p0;
-        while (j < pc) {
-          const int64_t oh = p / s.OW, ow0 = p - oh * s.OW;
-          const int64_t n = s.OW - ow0 < pc - j ? s.OW - ow0 : pc - j;
-          const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-          float* d = dst + j;  // d[ow - ow0] for ow in [ow0, ow0 + n)
-          if (ih < 0 || ih >= s.H) {
-            for (int64_t ow = ow0; ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
-          } else {
-            const float* xr = xc + ih * s.W;
-            const int64_t lo = lo_all > ow0 ? lo_all : ow0;
-            const int64_t hi = hi_all < ow0 + n ? hi_all : ow0 + n;
-            int64_t ow = ow0;
-            for (; ow < lo && ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
-            if (s.sw == 1) {
-              for (; ow < hi; ++ow) d[ow - ow0] = xr[ow + off];
-            } else {
-              for (; ow < hi; ++ow) d[ow - ow0] = xr[ow * s.sw + off];
-            }
-            for (; ow < ow0 + n; ++ow) d[ow - ow0] = 0.f;
-          }
-          j += n;
-          p += n;
-        }
-      }
-    }
-  }
-}
-
-}  // namespace
 
 Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
                       const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
@@ -189,7 +143,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       ep.bias = b != nullptr ? b + g * oc_g : nullptr;
       for (int64_t p0 = 0; p0 < P; p0 += pc) {
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
-        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, col); };
+        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, 0.f, col); };
         ctx.parallel_for(cin_g, pack);
         sgemm(ctx, oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ep, ws);
       }

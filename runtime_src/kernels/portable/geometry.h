@@ -29,6 +29,49 @@ inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, in
   *hi = b;
 }
 
+/// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
+/// group, col[K x pc], K = channels x KH x KW; taps outside the input read `pad` (0, or the
+/// int8 kernels' input zero point). The channels are independent, so threads can split them.
+/// Works a row segment at a time: one division per output row, then a fill and a contiguous
+/// (or strided) copy of the valid range, so the inner loops have no bounds checks.
+template <typename T>
+inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc,
+                           T pad, T* col) {
+  const T* xc = x + c * s.H * s.W;
+  for (int64_t kh = 0; kh < s.KH; ++kh) {
+    for (int64_t kw = 0; kw < s.KW; ++kw) {
+      T* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
+      int64_t lo_all, hi_all;
+      valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &lo_all, &hi_all);
+      const int64_t off = kw * s.dw - s.pw;
+      int64_t j = 0, p = p0;
+      while (j < pc) {
+        const int64_t oh = p / s.OW, ow0 = p - oh * s.OW;
+        const int64_t n = s.OW - ow0 < pc - j ? s.OW - ow0 : pc - j;
+        const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+        T* d = dst + j;  // d[ow - ow0] for ow in [ow0, ow0 + n)
+        if (ih < 0 || ih >= s.H) {
+          for (int64_t ow = ow0; ow < ow0 + n; ++ow) d[ow - ow0] = pad;
+        } else {
+          const T* xr = xc + ih * s.W;
+          const int64_t lo = lo_all > ow0 ? lo_all : ow0;
+          const int64_t hi = hi_all < ow0 + n ? hi_all : ow0 + n;
+          int64_t ow = ow0;
+          for (; ow < lo && ow < ow0 + n; ++ow) d[ow - ow0] = pad;
+          if (s.sw == 1) {
+            for (; ow < hi; ++ow) d[ow - ow0] = xr[ow + off];
+          } else {
+            for (; ow < hi; ++ow) d[ow - ow0] = xr[ow * s.sw + off];
+          }
+          for (; ow < ow0 + n; ++ow) d[ow - ow0] = pad;
+        }
+        j += n;
+        p += n;
+      }
+    }
+  }
+}
+
 /// PyTorch's pooling_output_shape.
 inline int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil,
                            bool ceil) {

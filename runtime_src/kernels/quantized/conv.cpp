@@ -76,29 +76,6 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
   return Error::Ok;
 }
 
-// Packs columns [p0, p0 + pc) of one group's im2col matrix (int8, padding = pad) into col.
-void im2col_tile(const ConvShape& s, const int8_t* x, int64_t cin, int64_t p0, int64_t pc,
-                 int8_t pad, int8_t* col) {
-  for (int64_t c = 0; c < cin; ++c) {
-    const int8_t* xc = x + c * s.H * s.W;
-    for (int64_t kh = 0; kh < s.KH; ++kh) {
-      for (int64_t kw = 0; kw < s.KW; ++kw) {
-        int8_t* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
-        int64_t oh = p0 / s.OW, ow = p0 - oh * s.OW;
-        for (int64_t j = 0; j < pc; ++j) {
-          const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-          const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
-          dst[j] = (ih >= 0 && ih < s.H && iw >= 0 && iw < s.W) ? xc[ih * s.W + iw] : pad;
-          if (++ow == s.OW) {
-            ow = 0;
-            ++oh;
-          }
-        }
-      }
-    }
-  }
-}
-
 }  // namespace
 
 Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
@@ -178,7 +155,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
   row_sums(s.OC, K, w, K, wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K, ctx.num_threads()));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, K));
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
@@ -207,7 +184,8 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
       int8_t* yg = e.out;
       for (int64_t p0 = 0; p0 < P; p0 += pc) {
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
-        im2col_tile(s, xg, cin_g, p0, cols, int8_t(xzp), col);
+        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col); };
+        ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
         qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e);
       }

@@ -81,7 +81,7 @@ struct ChannelParams {
   float* mult;      // input scale x weight scale
   float* bias;      // fp32 bias (0 without one)
   int32_t* wsum;    // weight row sums, for the input zero-point correction
-  void* workspace;  // qgemm_workspace_bytes(K, ctx.num_threads())
+  void* workspace;  // qgemm_workspace_bytes(O, K)
 };
 
 Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& weight_scales,
@@ -98,7 +98,7 @@ Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& wei
     c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
   }
   row_sums(O, K, weight.data_as<int8_t>(), K, c->wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(K, ctx.num_threads()));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(O, K));
   if (!wsm.ok()) return wsm.error();
   c->workspace = wsm.value();
   return Error::Ok;

@@ -1,5 +1,5 @@
 // B is packed in blocks of columns as int16 pairs along K (element pair (k, k+1) of a column
-// side by side), A in slivers of kMR rows the same way. The micro-kernel then multiplies a
+// side by side), A widened to int16 rows. The micro-kernel then multiplies a
 // broadcast pair of A by a vector of B pairs and adds both products into int32 lanes in one
 // instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), holding a kMR x kNR tile of
 // accumulators in registers across the whole depth. Without AVX2 a plain C++ micro-kernel
@@ -19,11 +19,13 @@ namespace {
 #if defined(__AVX512BW__)
 constexpr int64_t kMR = 8, kNR = 32;  // 16 zmm accumulators
 #elif defined(__AVX2__)
-constexpr int64_t kMR = 6, kNR = 16;  // 12 ymm accumulators
+constexpr int64_t kMR = 4, kNR = 16;  // AVX2
 #else
 constexpr int64_t kMR = 4, kNR = 8;
 #endif
 constexpr int64_t kBlockBytes = 192 * 1024;  // packed B block: stays in L2 across A slivers
+constexpr int64_t kAChunkBytes = 1 << 20;    // packed A rows: packed once per call, reused by
+                                             // every B block (bigger A: chunks of rows)
 constexpr int64_t kSmallN = 4;               // fewer columns: plain dot products
 
 inline int64_t min64(int64_t a, int64_t b) {
@@ -42,6 +44,14 @@ int64_t block_cols(int64_t K) {
 
 inline size_t align64(size_t n) {
   return (n + 63) & ~size_t(63);
+}
+
+// Rows of A packed at a time for depth K (a multiple of kMR; at most M rounded up).
+int64_t chunk_rows(int64_t M, int64_t K) {
+  int64_t rows = (kAChunkBytes / (pairs(K) * 4)) / kMR * kMR;
+  if (rows < kMR) rows = kMR;
+  const int64_t all = (M + kMR - 1) / kMR * kMR;
+  return rows < all ? rows : all;
 }
 
 // Packs columns [n0, n0 + nc) of B into panels of kNR columns of int16 pairs.
@@ -72,21 +82,30 @@ void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, in
   }
 }
 
-// Packs rows [m0, m0 + mr) of A as int16 pairs: out[(kp * kMR + i) * 2 + t] = A[m0+i][2kp+t].
+// Widens rows [m0, m0 + mr) of A to int16, row i at out + i * 2 * Kp (an odd K gets a zero
+// at the end of each row), so the micro-kernel broadcasts pair kp of row i from one int32.
 void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int16_t* out) {
   const int64_t Kp = pairs(K);
-  for (int64_t i = 0; i < kMR; ++i) {
-    const int8_t* a = A + (m0 + i) * lda;
-    for (int64_t kp = 0; kp < Kp; ++kp) {
-      int16_t* d = out + (kp * kMR + i) * 2;
-      if (i >= mr) {
-        d[0] = d[1] = 0;
-      } else {
-        d[0] = a[2 * kp];
-        d[1] = 2 * kp + 1 < K ? int16_t(a[2 * kp + 1]) : int16_t(0);
-      }
+  for (int64_t i = 0; i < mr; ++i) {
+    const int8_t* __restrict a = A + (m0 + i) * lda;
+    int16_t* __restrict d = out + i * 2 * Kp;
+    int64_t k = 0;
+#if defined(__AVX2__)
+    for (; k + 16 <= K; k += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + k), _mm256_cvtepi8_epi16(v));
     }
+#endif
+    for (; k < K; ++k) d[k] = a[k];
+    if (K & 1) d[K] = 0;
   }
+}
+
+// The int16 pair at p as one int32 (for a broadcast).
+inline int32_t load_pair(const int16_t* p) {
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof(pair));
+  return pair;
 }
 
 #if defined(__AVX512BW__)
@@ -98,20 +117,17 @@ inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
-void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
   __m512i c[kMR][2];
   for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm512_setzero_si512();
   for (int64_t kp = 0; kp < Kp; ++kp) {
     const __m512i b0 = _mm512_loadu_si512(bp);
     const __m512i b1 = _mm512_loadu_si512(bp + 32);
     for (int64_t i = 0; i < kMR; ++i) {
-      int32_t pair;
-      std::memcpy(&pair, ap + 2 * i, sizeof(pair));
-      const __m512i a = _mm512_set1_epi32(pair);
+      const __m512i a = _mm512_set1_epi32(load_pair(ar[i] + 2 * kp));
       c[i][0] = dot_pairs(c[i][0], a, b0);
       c[i][1] = dot_pairs(c[i][1], a, b1);
     }
-    ap += 2 * kMR;
     bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i) {
@@ -120,20 +136,17 @@ void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* til
   }
 }
 #elif defined(__AVX2__)
-void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
   __m256i c[kMR][2];
   for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm256_setzero_si256();
   for (int64_t kp = 0; kp < Kp; ++kp) {
     const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16));
     for (int64_t i = 0; i < kMR; ++i) {
-      int32_t pair;
-      std::memcpy(&pair, ap + 2 * i, sizeof(pair));
-      const __m256i a = _mm256_set1_epi32(pair);
+      const __m256i a = _mm256_set1_epi32(load_pair(ar[i] + 2 * kp));
       c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(a, b0));
       c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(a, b1));
     }
-    ap += 2 * kMR;
     bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i) {
@@ -142,14 +155,13 @@ void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* til
   }
 }
 #else
-void micro_kernel(int64_t Kp, const int16_t* ap, const int16_t* bp, int32_t* tile) {
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
   int32_t c[kMR][kNR] = {};
   for (int64_t kp = 0; kp < Kp; ++kp) {
     for (int64_t i = 0; i < kMR; ++i) {
-      const int32_t a0 = ap[2 * i], a1 = ap[2 * i + 1];
+      const int32_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
       for (int64_t j = 0; j < kNR; ++j) c[i][j] += a0 * bp[2 * j] + a1 * bp[2 * j + 1];
     }
-    ap += 2 * kMR;
     bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
@@ -165,10 +177,10 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
 
 }  // namespace
 
-size_t qgemm_workspace_bytes(int64_t K, int threads) {
-  const size_t Kp = size_t(pairs(K));
+size_t qgemm_workspace_bytes(int64_t M, int64_t K) {
+  const size_t Kp = size_t(pairs(K > 0 ? K : 1));
   return align64(size_t(block_cols(K)) * Kp * 4) +
-         size_t(threads > 1 ? threads : 1) * align64(size_t(kMR) * Kp * 4);
+         align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
 }
 
 void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums) {
@@ -205,29 +217,41 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
     kctx.parallel_for(row_tiles, rows);
     return;
   }
+  // A is packed in chunks of rows once, then every block of B columns is packed once and
+  // multiplied by every packed sliver of the chunk.
   const int64_t Kp = pairs(K);
-  const int64_t nc_max = block_cols(K);
+  const int64_t nc_max = block_cols(K), mc_max = chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
-  char* apacks = static_cast<char*>(workspace) + align64(size_t(nc_max) * size_t(Kp) * 4);
-  const size_t apack_bytes = align64(size_t(kMR) * size_t(Kp) * 4);  // one per thread
-  for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
-    const int64_t nc = min64(nc_max, N - n0);
-    auto pack = [&](int64_t panel, int) {
-      const int64_t j0 = panel * kNR;
-      pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * Kp * kNR * 2);
+  int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
+                                               align64(size_t(nc_max) * size_t(Kp) * 4));
+  for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
+    const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
+    auto pack_rows = [&](int64_t t, int) {
+      const int64_t m0 = mc0 + t * kMR;
+      pack_a(K, m0, min64(kMR, M - m0), A, lda, apack + t * Kp * kMR * 2);
     };
-    kctx.parallel_for((nc + kNR - 1) / kNR, pack);
-    auto rows = [&](int64_t t, int thread) {
-      alignas(64) int32_t tile[kMR * kNR];
-      int16_t* apack = reinterpret_cast<int16_t*>(apacks + size_t(thread) * apack_bytes);
-      const int64_t m0 = t * kMR, mr = min64(kMR, M - m0);
-      pack_a(K, m0, mr, A, lda, apack);
-      for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
-        micro_kernel(Kp, apack, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
-        fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);
-      }
-    };
-    kctx.parallel_for(row_tiles, rows);
+    kctx.parallel_for(slivers, pack_rows);
+    for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
+      const int64_t nc = min64(nc_max, N - n0);
+      auto pack = [&](int64_t panel, int) {
+        const int64_t j0 = panel * kNR;
+        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * Kp * kNR * 2);
+      };
+      kctx.parallel_for((nc + kNR - 1) / kNR, pack);
+      auto rows = [&](int64_t t, int) {
+        alignas(64) int32_t tile[kMR * kNR];
+        const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
+        // Rows past the end of A repeat the last row (their sums are not delivered).
+        const int16_t* ar[kMR];
+        for (int64_t i = 0; i < kMR; ++i)
+          ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * Kp * 2;
+        for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+          micro_kernel(Kp, ar, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
+          fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);
+        }
+      };
+      kctx.parallel_for(slivers, rows);
+    }
   }
 }
 
