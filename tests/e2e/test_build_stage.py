@@ -65,6 +65,9 @@ def test_verify_runs_the_built_runner(mlp_build: Path) -> None:
     report = (mlp_build / "report.md").read_text()
     assert f"- kernels: `-march=native`, SIMD path `{isa}` (reported by the runner)" in report
     assert f"| kernel_isa | {isa} |" in report
+    # target.threads (1 by default) is the count verify ran at and the report gives.
+    assert summary["threads"] == 1
+    assert "- threads: 1 (target.threads: `etb_runner --threads 1`" in report
     assert "## Runtime size (host)" in report and "all ops" in report
     assert "Largest kernels" in report
 
@@ -175,10 +178,11 @@ def test_find_package_from_an_application(mlp_build: Path, tmp_path: Path) -> No
     reason="needs g++-aarch64-linux-gnu and qemu-user (CI installs them)",
 )
 def test_linux_aarch64_cross_build_runs_under_qemu(tmp_path: Path) -> None:
-    build_in_process([*MLP, "+target=linux_aarch64"], tmp_path / "run")
+    build_in_process([*MLP, "+target=linux_aarch64", "target.threads=3"], tmp_path / "run")
     summary = stage_record(tmp_path / "run", "verify")["summary"]
     assert summary["status"] == "ran under qemu-aarch64"
     assert summary["kernel_isa"] == "neon"
+    assert summary["threads"] == 3  # the runner's thread pool, under qemu
     runner = tmp_path / "run/runtime/bin/etb_runner"
     header = runner.read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64

@@ -130,6 +130,10 @@ def test_libraries_are_built_for_a_cortex_m4_with_hard_float(m4_build: Path) -> 
     # No file loader, no OS calls in the core.
     nm = _tool("nm", "-C", str(runtime / "lib/libetb_runtime.a"))
     assert "FileDataLoader" not in nm
+    # No threads on bare metal: no thread pool, no pthreads, in the runtime or the kernels.
+    for lib in ("libetb_runtime.a", "libetb_kernels.a"):
+        symbols = _tool("nm", "-C", str(runtime / "lib" / lib))
+        assert "ThreadPool" not in symbols and "pthread" not in symbols, lib
     undefined = {line.split()[-1] for line in nm.splitlines() if " U " in line}
     assert not undefined & OS_CALLS, sorted(undefined & OS_CALLS)
 
@@ -175,6 +179,9 @@ def test_report_says_built_not_run(m4_build: Path) -> None:
         f"- kernels: the toolchain's default `-march`, SIMD path {isa}"
         in (m4_build / "report.md").read_text()
     )
+    assert "- threads: 1 (bare metal: the runtime has no thread pool)" in (
+        m4_build / "report.md"
+    ).read_text()
 
 
 @needs_arm
