@@ -15,6 +15,10 @@ inline void cpu_relax() {
 #endif
 }
 
+// The task half of the word while run() writes a new loop's function, context and count: no
+// task can be claimed, of the old loop (its generation is gone) or of the new one.
+constexpr int64_t kSealed = 0xffffffff;
+
 inline uint32_t generation_of(uint64_t word) {
   return uint32_t(word >> 32);
 }
@@ -55,17 +59,26 @@ void ThreadPool::run_tasks(uint32_t generation, int thread) {
   for (;;) {
     uint64_t word = next_.load(std::memory_order_acquire);
     if (generation_of(word) != generation) return;
-    // Read the loop before claiming: a successful claim proves the word (and so the loop)
-    // did not change in between, and the loop cannot end while one of its tasks is claimed
-    // and unfinished.
-    const int64_t n = num_tasks_.load(std::memory_order_relaxed);
-    const TaskFn fn = fn_.load(std::memory_order_relaxed);
-    void* ctx = ctx_.load(std::memory_order_relaxed);
+    if (task_of(word) == kSealed) {  // run() is still writing this loop
+      cpu_relax();
+      continue;
+    }
+    // Read the loop before claiming: a successful claim proves the word did not change in
+    // between, and the loop is only rewritten under a sealed word of a newer generation; the
+    // loop cannot end while one of its tasks is claimed and unfinished.
+    // Sequentially consistent: a worker that reads a newer loop's values here also sees the
+    // seal that preceded them, so its claim below fails.
+    const int64_t n = num_tasks_.load();
+    const TaskFn fn = fn_.load();
+    void* ctx = ctx_.load();
     if (task_of(word) >= n) return;
-    if (!next_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
+    if (!next_.compare_exchange_weak(word, word + 1)) continue;
     fn(ctx, task_of(word), thread);
-    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n &&
-        caller_sleeps_.load(std::memory_order_acquire)) {
+    // The thread that finishes the last task always wakes the caller under the mutex (once
+    // per loop). Signalling only when the caller has said it sleeps would need a store-load
+    // fence on each side: without one, each can miss the other's write and the caller sleeps
+    // forever.
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
       pthread_mutex_lock(&mu_);
       pthread_cond_signal(&done_cv_);
       pthread_mutex_unlock(&mu_);
@@ -75,16 +88,19 @@ void ThreadPool::run_tasks(uint32_t generation, int thread) {
 
 void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
   if (n <= 0) return;
-  if (num_workers_ == 0 || n == 1 || n > int64_t(0xffffffffu)) {
+  if (num_workers_ == 0 || n == 1 || n >= kSealed) {
     for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
     return;
   }
   pthread_mutex_lock(&run_mu_);
-  fn_.store(fn, std::memory_order_relaxed);
-  ctx_.store(ctx, std::memory_order_relaxed);
-  num_tasks_.store(n, std::memory_order_relaxed);
-  done_.store(0, std::memory_order_relaxed);
+  // Seal first: a worker still looping over the previous loop's (all claimed) tasks must not
+  // claim a task of this one against the previous word while the loop is being written.
   const uint32_t generation = generation_of(next_.load(std::memory_order_relaxed)) + 1;
+  next_.store((uint64_t(generation) << 32) | uint64_t(kSealed));
+  fn_.store(fn);
+  ctx_.store(ctx);
+  num_tasks_.store(n);
+  done_.store(0);
   pthread_mutex_lock(&mu_);
   next_.store(uint64_t(generation) << 32, std::memory_order_release);  // publishes the loop
   pthread_cond_broadcast(&work_cv_);
@@ -94,9 +110,7 @@ void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
     cpu_relax();
   if (done_.load(std::memory_order_acquire) != n) {
     pthread_mutex_lock(&mu_);
-    caller_sleeps_.store(true, std::memory_order_release);
     while (done_.load(std::memory_order_acquire) != n) pthread_cond_wait(&done_cv_, &mu_);
-    caller_sleeps_.store(false, std::memory_order_relaxed);
     pthread_mutex_unlock(&mu_);
   }
   pthread_mutex_unlock(&run_mu_);

@@ -52,7 +52,6 @@ class ThreadPool final : public Parallel {
   std::atomic<void*> ctx_{nullptr};
   std::atomic<int64_t> num_tasks_{0};
   std::atomic<bool> stop_{false};
-  std::atomic<bool> caller_sleeps_{false};
 };
 
 }  // namespace etb
