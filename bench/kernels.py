@@ -494,10 +494,10 @@ class Timed:
 class RunnerTimed(Timed):
     """etb_runner's own timing: one process per sample, --warmup 1 --iters k."""
 
-    def __init__(self, build: Build, case: Case, work: Path) -> None:
+    def __init__(self, build: Build, case: Case, work: Path, threads: int = 1) -> None:
         from etbuild.pipeline import etbt
 
-        self.build, self.case = build, case
+        self.build, self.case, self.threads = build, case, threads
         self.dir = work / "etbt" / case.name.replace("/", "_")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.inputs = []
@@ -508,7 +508,7 @@ class RunnerTimed(Timed):
     def cmd(self, k: int, *extra: str) -> list[str]:
         c = [str(self.build.runner), str(self.case.pte), *self.inputs]
         c += ["--warmup", "1", "--iters", str(k), *extra]
-        return c + (["--threads", "1"] if self.build.threads_flag else [])
+        return c + (["--threads", str(self.threads)] if self.build.threads_flag else [])
 
     def sample(self, k: int) -> float:
         p = subprocess.run(self.cmd(k), capture_output=True, text=True)
@@ -606,29 +606,36 @@ def xnnpack_quantized(case: Case) -> torch.fx.GraphModule:
     return converted
 
 
+def xnnpack_program(case: Case) -> tuple[Path, dict]:
+    """The case's module exported by ExecuTorch with the XNNPACK partitioner (int8: its
+    XNNPACK quantizer), cached; and facts about the program (delegates, instructions, ops)."""
+
+    def make(path: Path) -> dict:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+        from executorch.exir import to_edge_transform_and_lower
+
+        src = xnnpack_quantized(case) if case.dtype == "int8" else case.module
+        with quiet():
+            ep = torch.export.export(src, tuple(case.inputs), strict=False)
+            et = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+            prog = et.to_executorch()
+        path.write_bytes(prog.buffer)
+        plan = prog.executorch_program.execution_plan[0]
+        ops = [o.name for o in plan.operators]
+        calls = sum(1 for c in plan.chains[0].instructions)
+        return {"delegates": len(plan.delegates), "instructions": calls, "ops": ops}
+
+    return cached_artifact(case, "xnnpack", ".pte", make)
+
+
 class XnnpackTimed(Timed):
     def __init__(self, case: Case) -> None:
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
-        def make(path: Path) -> dict:
-            from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
-                XnnpackPartitioner,
-            )
-            from executorch.exir import to_edge_transform_and_lower
-
-            src = xnnpack_quantized(case) if case.dtype == "int8" else case.module
-            with quiet():
-                ep = torch.export.export(src, tuple(case.inputs), strict=False)
-                et = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
-                prog = et.to_executorch()
-            path.write_bytes(prog.buffer)
-            plan = prog.executorch_program.execution_plan[0]
-            ops = [o.name for o in plan.operators]
-            calls = sum(1 for c in plan.chains[0].instructions)
-            return {"delegates": len(plan.delegates), "instructions": calls, "ops": ops}
-
-        path, facts = cached_artifact(case, "xnnpack", ".pte", make)
+        path, facts = xnnpack_program(case)
         with quiet():  # the runtime logs its CPU probing and thread pool to stderr
             with contextlib.suppress(Exception):
                 portable_lib._unsafe_reset_threadpool(1)

@@ -343,7 +343,8 @@ def test_target_threads_reaches_the_toolchain(threads: int) -> None:
 @pytest.mark.parametrize("threads", [0, -1, 65])
 def test_target_threads_out_of_range_is_rejected_before_any_work(threads: int) -> None:
     cfg = validate(compose_config(["model=mlp", f"target.threads={threads}"]))
-    with pytest.raises(EtbuildError, match=rf"target\.threads={threads} is not valid: it must be 1 to 64"):
+    msg = rf"target\.threads={threads} is not valid: it must be 1 to 64"
+    with pytest.raises(EtbuildError, match=msg):
         check_supported(cfg)
 
 

@@ -34,44 +34,54 @@ inline C apply(BinOp op, C a, C b, C alpha) {
   return a;
 }
 
+// Calls row(...) (see for_each_row) for every output element, split over ctx's threads.
+template <typename F>
+void parallel_rows(const KernelContext& ctx, const Broadcast2& p, int64_t numel, F&& row) {
+  parallel_range(ctx, numel, 1, [&](int64_t b, int64_t e) { for_each_row(p, b, e, row); });
+}
+
 // Same-dtype fast path: out, a, b all of type T; the op is a template parameter so the inner
 // loops have no branches and vectorize.
 template <typename T, BinOp OP>
-void binary_same(const Broadcast2& p, const T* a, const T* b, T* out, T alpha) {
-  for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
-    T* o = out + oo;
-    const T* x = a + oa;
-    const T* y = b + ob;
-    if (sa == 1 && sb == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], y[i], alpha);
-    } else if (sa == 0 && sb == 1) {
-      const T xv = x[0];
-      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, xv, y[i], alpha);
-    } else if (sa == 1 && sb == 0) {
-      const T yv = y[0];
-      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], yv, alpha);
-    } else {
-      for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i * sa], y[i * sb], alpha);
-    }
-  });
+void binary_same(const KernelContext& ctx, const Broadcast2& p, int64_t numel, const T* a,
+                 const T* b, T* out, T alpha) {
+  parallel_rows(ctx, p, numel,
+                [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
+                  T* o = out + oo;
+                  const T* x = a + oa;
+                  const T* y = b + ob;
+                  if (sa == 1 && sb == 1) {
+                    for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], y[i], alpha);
+                  } else if (sa == 0 && sb == 1) {
+                    const T xv = x[0];
+                    for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, xv, y[i], alpha);
+                  } else if (sa == 1 && sb == 0) {
+                    const T yv = y[0];
+                    for (int64_t i = 0; i < n; ++i) o[i] = apply<T>(OP, x[i], yv, alpha);
+                  } else {
+                    for (int64_t i = 0; i < n; ++i)
+                      o[i] = apply<T>(OP, x[i * sa], y[i * sb], alpha);
+                  }
+                });
 }
 
 // Mixed dtypes: load each element converted to the compute type C. kA, kB and kOut are the
 // dtypes the loads and stores are compiled for.
 template <typename C, DtypeSet kA, DtypeSet kB, DtypeSet kOut>
-void binary_mixed(BinOp op, const Broadcast2& p, const Tensor& a, const Tensor& b, Tensor& out,
-                  C alpha) {
+void binary_mixed(const KernelContext& ctx, BinOp op, const Broadcast2& p, const Tensor& a,
+                  const Tensor& b, Tensor& out, C alpha) {
   const void* ad = a.data();
   const void* bd = b.data();
   void* od = out.data();
   ScalarType at = a.dtype(), bt = b.dtype(), ot = out.dtype();
-  for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      C x = load_as<C, kA>(ad, at, oa + i * sa);
-      C y = load_as<C, kB>(bd, bt, ob + i * sb);
-      store_as<C, kOut>(od, ot, oo + i, apply<C>(op, x, y, alpha));
-    }
-  });
+  parallel_rows(ctx, p, out.numel(),
+                [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
+                  for (int64_t i = 0; i < n; ++i) {
+                    C x = load_as<C, kA>(ad, at, oa + i * sa);
+                    C y = load_as<C, kB>(bd, bt, ob + i * sb);
+                    store_as<C, kOut>(od, ot, oo + i, apply<C>(op, x, y, alpha));
+                  }
+                });
 }
 
 // The operator each binary kernel implements, whose dtype selection it compiles for.
@@ -106,8 +116,8 @@ T scalar_as(const Scalar& s) {
 }
 
 template <BinOp OP>
-Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& alpha,
-             Tensor& out) {
+Error binary(const KernelContext& ctx, const char* name, const Tensor& a, const Tensor& b,
+             const Scalar& alpha, Tensor& out) {
   // The dtypes this build selected per argument: only their paths are compiled.
   constexpr DtypeSet kA = selected_dtypes(op_key(OP), "self") & kLoadableDtypes;
   constexpr DtypeSet kB = selected_dtypes(op_key(OP), "other") & kLoadableDtypes;
@@ -130,14 +140,15 @@ Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& a
   if (a.dtype() == out.dtype() && b.dtype() == out.dtype()) {
     const bool done = dispatch_dtype<kSame>(out.dtype(), [&](auto c) {
       using T = decltype(c);
-      binary_same<T, OP>(p, a.data_as<T>(), b.data_as<T>(), out.data_as<T>(), scalar_as<T>(alpha));
+      binary_same<T, OP>(ctx, p, out.numel(), a.data_as<T>(), b.data_as<T>(), out.data_as<T>(),
+                         scalar_as<T>(alpha));
     });
     if (done) return Error::Ok;
   }
   if (out_float) {
     constexpr DtypeSet kFloatOut = kOut & kFloatingDtypes;
     if constexpr (needs_mixed(kA, kB, kFloatOut, kSame)) {
-      binary_mixed<double, kA, kB, kFloatOut>(OP, p, a, b, out, alpha.to_double());
+      binary_mixed<double, kA, kB, kFloatOut>(ctx, OP, p, a, b, out, alpha.to_double());
       return Error::Ok;
     }
   } else {
@@ -148,9 +159,9 @@ Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& a
       if (out.dtype() == ScalarType::Bool) {
         if (OP != BinOp::Mul)
           return fail(Error::NotSupported, "%s: Bool output is only supported for mul", name);
-        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(OP, p, a, b, out, 1);
+        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(ctx, OP, p, a, b, out, 1);
       } else {
-        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(OP, p, a, b, out, alpha.to_int());
+        binary_mixed<int64_t, kIntA, kIntB, kIntOut>(ctx, OP, p, a, b, out, alpha.to_int());
       }
       return Error::Ok;
     }
@@ -163,105 +174,105 @@ Error binary(const char* name, const Tensor& a, const Tensor& b, const Scalar& a
 
 // Unary float kernels: out = f(self), elementwise, out may alias self.
 template <typename F>
-Error unary_float(const char* name, const Tensor& self, Tensor& out, F f) {
+Error unary_float(const KernelContext& ctx, const char* name, const Tensor& self, Tensor& out,
+                  F f) {
   ETB_TRY(expect_dtype(self, ScalarType::Float, name, "self"));
   ETB_TRY(expect_dtype(out, ScalarType::Float, name, "out"));
   ETB_TRY(out.resize(self.sizes()));
   const float* x = self.data_as<float>();
   float* o = out.data_as<float>();
-  const int64_t n = self.numel();
-  for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+  parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) o[i] = f(x[i]);
+  });
   return Error::Ok;
 }
 
 }  // namespace
 
-Error add_out(KernelContext&, const Tensor& self, const Tensor& other, const Scalar& alpha,
+Error add_out(KernelContext& ctx, const Tensor& self, const Tensor& other, const Scalar& alpha,
               Tensor& out) {
-  return binary<BinOp::Add>("add", self, other, alpha, out);
+  return binary<BinOp::Add>(ctx, "add", self, other, alpha, out);
 }
 
-Error sub_out(KernelContext&, const Tensor& self, const Tensor& other, const Scalar& alpha,
+Error sub_out(KernelContext& ctx, const Tensor& self, const Tensor& other, const Scalar& alpha,
               Tensor& out) {
   if (self.dtype() == ScalarType::Bool || other.dtype() == ScalarType::Bool)
     return fail(Error::InvalidArgument, "sub: Bool tensors are not supported");
-  return binary<BinOp::Sub>("sub", self, other, alpha, out);
+  return binary<BinOp::Sub>(ctx, "sub", self, other, alpha, out);
 }
 
-Error mul_out(KernelContext&, const Tensor& self, const Tensor& other, Tensor& out) {
-  return binary<BinOp::Mul>("mul", self, other, Scalar(int64_t(1)), out);
+Error mul_out(KernelContext& ctx, const Tensor& self, const Tensor& other, Tensor& out) {
+  return binary<BinOp::Mul>(ctx, "mul", self, other, Scalar(int64_t(1)), out);
 }
 
-Error div_out(KernelContext&, const Tensor& self, const Tensor& other, Tensor& out) {
+Error div_out(KernelContext& ctx, const Tensor& self, const Tensor& other, Tensor& out) {
   if (!is_floating(out.dtype()))
     return fail(Error::InvalidArgument, "div: true division needs a floating output, got %s",
                 scalar_type_name(out.dtype()));
-  return binary<BinOp::Div>("div", self, other, Scalar(int64_t(1)), out);
+  return binary<BinOp::Div>(ctx, "div", self, other, Scalar(int64_t(1)), out);
 }
 
-Error relu_out(KernelContext&, const Tensor& self, Tensor& out) {
-  return unary_float("relu", self, out, [](float v) { return v > 0.f ? v : 0.f; });
+Error relu_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "relu", self, out, [](float v) { return v > 0.f ? v : 0.f; });
 }
 
-Error hardtanh_out(KernelContext&, const Tensor& self, const Scalar& min_val,
+Error hardtanh_out(KernelContext& ctx, const Tensor& self, const Scalar& min_val,
                    const Scalar& max_val, Tensor& out) {
   const float lo = float(min_val.to_double()), hi = float(max_val.to_double());
-  return unary_float("hardtanh", self, out, [lo, hi](float v) {
-    return v < lo ? lo : (v > hi ? hi : v);
-  });
+  return unary_float(ctx, "hardtanh", self, out,
+                     [lo, hi](float v) { return v < lo ? lo : (v > hi ? hi : v); });
 }
 
-Error clamp_out(KernelContext&, const Tensor& self, Optional<Scalar> min, Optional<Scalar> max,
+Error clamp_out(KernelContext& ctx, const Tensor& self, Optional<Scalar> min, Optional<Scalar> max,
                 Tensor& out) {
   if (!min.has_value && !max.has_value)
     return fail(Error::InvalidArgument, "clamp: at least one of min and max must be given");
   const float lo = min.has_value ? float(min.value.to_double()) : -INFINITY;
   const float hi = max.has_value ? float(max.value.to_double()) : INFINITY;
-  return unary_float("clamp", self, out, [lo, hi](float v) {
+  return unary_float(ctx, "clamp", self, out, [lo, hi](float v) {
     if (std::isnan(v)) return v;
     float r = v < lo ? lo : v;
     return r > hi ? hi : r;
   });
 }
 
-Error gelu_out(KernelContext&, const Tensor& self, Span<const char> approximate, Tensor& out) {
+Error gelu_out(KernelContext& ctx, const Tensor& self, Span<const char> approximate, Tensor& out) {
   const bool is_none = approximate.size() == 4 && memcmp(approximate.data(), "none", 4) == 0;
   const bool is_tanh = approximate.size() == 4 && memcmp(approximate.data(), "tanh", 4) == 0;
   if (!is_none && !is_tanh)
     return fail(Error::InvalidArgument, "gelu: approximate must be 'none' or 'tanh'");
   if (is_tanh) {
-    return unary_float("gelu", self, out, [](float v) {
+    return unary_float(ctx, "gelu", self, out, [](float v) {
       const float k = 0.7978845608028654f;  // sqrt(2/pi)
       return 0.5f * v * (1.f + std::tanh(k * (v + 0.044715f * v * v * v)));
     });
   }
-  return unary_float("gelu", self, out, [](float v) {
-    return 0.5f * v * (1.f + std::erf(v * 0.7071067811865476f));
-  });
+  return unary_float(ctx, "gelu", self, out,
+                     [](float v) { return 0.5f * v * (1.f + std::erf(v * 0.7071067811865476f)); });
 }
 
-Error hardswish_out(KernelContext&, const Tensor& self, Tensor& out) {
-  return unary_float("hardswish", self, out, [](float v) {
+Error hardswish_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "hardswish", self, out, [](float v) {
     float r = v + 3.f;
     r = r < 0.f ? 0.f : (r > 6.f ? 6.f : r);
     return v * r * (1.f / 6.f);
   });
 }
 
-Error hardsigmoid_out(KernelContext&, const Tensor& self, Tensor& out) {
-  return unary_float("hardsigmoid", self, out, [](float v) {
+Error hardsigmoid_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "hardsigmoid", self, out, [](float v) {
     float r = v + 3.f;
     r = r < 0.f ? 0.f : (r > 6.f ? 6.f : r);
     return r * (1.f / 6.f);
   });
 }
 
-Error sigmoid_out(KernelContext&, const Tensor& self, Tensor& out) {
-  return unary_float("sigmoid", self, out, [](float v) { return 1.f / (1.f + std::exp(-v)); });
+Error sigmoid_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "sigmoid", self, out, [](float v) { return 1.f / (1.f + std::exp(-v)); });
 }
 
-Error tanh_out(KernelContext&, const Tensor& self, Tensor& out) {
-  return unary_float("tanh", self, out, [](float v) { return std::tanh(v); });
+Error tanh_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "tanh", self, out, [](float v) { return std::tanh(v); });
 }
 
 }  // namespace native

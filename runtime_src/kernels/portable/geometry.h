@@ -35,8 +35,8 @@ inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, in
 /// Works a row segment at a time: one division per output row, then a fill and a contiguous
 /// (or strided) copy of the valid range, so the inner loops have no bounds checks.
 template <typename T>
-inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc,
-                           T pad, T* col) {
+inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc, T pad,
+                           T* col) {
   const T* xc = x + c * s.H * s.W;
   for (int64_t kh = 0; kh < s.KH; ++kh) {
     for (int64_t kw = 0; kw < s.KW; ++kw) {

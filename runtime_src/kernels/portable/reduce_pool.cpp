@@ -10,7 +10,7 @@
 namespace etb {
 namespace native {
 
-Error softmax_out(KernelContext&, const Tensor& self, int64_t dim, bool half_to_float,
+Error softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half_to_float,
                   Tensor& out) {
   if (half_to_float) return fail(Error::NotSupported, "softmax: half_to_float is not supported");
   int64_t d = 0;
@@ -22,8 +22,10 @@ Error softmax_out(KernelContext&, const Tensor& self, int64_t dim, bool half_to_
   const int64_t outer = self.numel() / (len * inner);
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t i = 0; i < inner; ++i) {
+  // Each (outer, inner) pair is one softmax over `len` elements: the threads split them.
+  parallel_range(ctx, outer * inner, len, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t o = u / inner, i = u - (u / inner) * inner;
       const float* xs = x + o * len * inner + i;
       float* ys = y + o * len * inner + i;
       float m = -INFINITY;
@@ -37,11 +39,11 @@ Error softmax_out(KernelContext&, const Tensor& self, int64_t dim, bool half_to_
       const float r = 1.f / sum;
       for (int64_t k = 0; k < len; ++k) ys[k * inner] *= r;
     }
-  }
+  });
   return Error::Ok;
 }
 
-Error native_layer_norm_out(KernelContext&, const Tensor& input,
+Error native_layer_norm_out(KernelContext& ctx, const Tensor& input,
                             Span<const int64_t> normalized_shape, const Tensor* weight,
                             const Tensor* bias, double eps, Tensor& out0, Tensor& out1,
                             Tensor& out2) {
@@ -71,32 +73,36 @@ Error native_layer_norm_out(KernelContext&, const Tensor& input,
   float* y = out0.data_as<float>();
   const float* w = weight ? weight->data_as<float>() : nullptr;
   const float* b = bias ? bias->data_as<float>() : nullptr;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * M;
-    float* yr = y + r * M;
-    double sum = 0;
-    for (int64_t i = 0; i < M; ++i) sum += xr[i];
-    const float mean = float(sum / double(M));
-    double var = 0;
-    for (int64_t i = 0; i < M; ++i) {
-      const double dv = double(xr[i]) - mean;
-      var += dv * dv;
+  float* means = out1.data_as<float>();
+  float* rstds = out2.data_as<float>();
+  parallel_range(ctx, rows, M, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * M;
+      float* yr = y + r * M;
+      double sum = 0;
+      for (int64_t i = 0; i < M; ++i) sum += xr[i];
+      const float mean = float(sum / double(M));
+      double var = 0;
+      for (int64_t i = 0; i < M; ++i) {
+        const double dv = double(xr[i]) - mean;
+        var += dv * dv;
+      }
+      const float rstd = float(1.0 / std::sqrt(var / double(M) + eps));
+      for (int64_t i = 0; i < M; ++i) {
+        float v = (xr[i] - mean) * rstd;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        yr[i] = v;
+      }
+      means[r] = mean;
+      rstds[r] = rstd;
     }
-    const float rstd = float(1.0 / std::sqrt(var / double(M) + eps));
-    for (int64_t i = 0; i < M; ++i) {
-      float v = (xr[i] - mean) * rstd;
-      if (w) v *= w[i];
-      if (b) v += b[i];
-      yr[i] = v;
-    }
-    out1.data_as<float>()[r] = mean;
-    out2.data_as<float>()[r] = rstd;
-  }
+  });
   return Error::Ok;
 }
 
-Error mean_out(KernelContext&, const Tensor& self, Optional<Span<const int64_t>> dim, bool keepdim,
-               Optional<ScalarType> dtype, Tensor& out) {
+Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+               bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
   if (dtype.has_value && dtype.value != ScalarType::Float)
     return fail(Error::NotSupported, "mean: dtype %s is not supported",
                 scalar_type_name(dtype.value));
@@ -134,13 +140,15 @@ Error mean_out(KernelContext&, const Tensor& self, Optional<Span<const int64_t>>
   while (first_reduced > 0 && reduce[first_reduced - 1]) --first_reduced;
   bool trailing = true;
   for (int i = 0; i < first_reduced; ++i) trailing = trailing && !reduce[i];
-  if (trailing) {
-    for (int64_t o = 0; o < on; ++o) {
-      double s = 0;
-      const float* xr = x + o * count;
-      for (int64_t i = 0; i < count; ++i) s += xr[i];
-      y[o] = count == 0 ? NAN : float(s / double(count));
-    }
+  if (trailing) {  // one output per thread task element: split over the threads
+    parallel_range(ctx, on, count, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        double s = 0;
+        const float* xr = x + o * count;
+        for (int64_t i = 0; i < count; ++i) s += xr[i];
+        y[o] = count == 0 ? NAN : float(s / double(count));
+      }
+    });
     return Error::Ok;
   }
   // General path: walk the input once, accumulating into the output index.
@@ -213,8 +221,8 @@ Error parse_pool(const char* op, Span<const int64_t> k, Span<const int64_t> s,
 
 }  // namespace
 
-Error adaptive_avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> output_size,
-                              Tensor& out) {
+Error adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self,
+                              Span<const int64_t> output_size, Tensor& out) {
   int64_t planes = 0, H = 0, W = 0;
   ETB_TRY(planes_of(self, "adaptive_avg_pool2d", &planes, &H, &W));
   if (output_size.size() != 2 || output_size[0] < 0 || output_size[1] < 0)
@@ -227,23 +235,25 @@ Error adaptive_avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int
   ETB_TRY(resize_pooled(self, out, OH, OW));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * H * W;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      const int64_t h0 = (oh * H) / OH, h1 = ((oh + 1) * H + OH - 1) / OH;
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const int64_t w0 = (ow * W) / OW, w1 = ((ow + 1) * W + OW - 1) / OW;
-        float s = 0.f;
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
-        y[(p * OH + oh) * OW + ow] = s / float((h1 - h0) * (w1 - w0));
+  parallel_range(ctx, planes, H * W, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const float* xp = x + p * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const int64_t h0 = (oh * H) / OH, h1 = ((oh + 1) * H + OH - 1) / OH;
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int64_t w0 = (ow * W) / OW, w1 = ((ow + 1) * W + OW - 1) / OW;
+          float s = 0.f;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+          y[(p * OH + oh) * OW + ow] = s / float((h1 - h0) * (w1 - w0));
+        }
       }
     }
-  }
+  });
   return Error::Ok;
 }
 
-Error avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> kernel_size,
+Error avg_pool2d_out(KernelContext& ctx, const Tensor& self, Span<const int64_t> kernel_size,
                      Span<const int64_t> stride, Span<const int64_t> padding, bool ceil_mode,
                      bool count_include_pad, Optional<int64_t> divisor_override, Tensor& out) {
   int64_t planes = 0, H = 0, W = 0;
@@ -258,28 +268,30 @@ Error avg_pool2d_out(KernelContext&, const Tensor& self, Span<const int64_t> ker
   ETB_TRY(resize_pooled(self, out, OH, OW));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * H * W;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        int64_t h0 = oh * q.sh - q.ph, w0 = ow * q.sw - q.pw;
-        int64_t h1 = h0 + q.kh < H + q.ph ? h0 + q.kh : H + q.ph;
-        int64_t w1 = w0 + q.kw < W + q.pw ? w0 + q.kw : W + q.pw;
-        const int64_t pool = (h1 - h0) * (w1 - w0);
-        h0 = h0 < 0 ? 0 : h0;
-        w0 = w0 < 0 ? 0 : w0;
-        h1 = h1 > H ? H : h1;
-        w1 = w1 > W ? W : w1;
-        float s = 0.f;
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
-        int64_t div = divisor_override.has_value ? divisor_override.value
-                      : count_include_pad        ? pool
-                                                 : (h1 - h0) * (w1 - w0);
-        y[(p * OH + oh) * OW + ow] = div == 0 ? 0.f : s / float(div);
+  parallel_range(ctx, planes, H * W, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const float* xp = x + p * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          int64_t h0 = oh * q.sh - q.ph, w0 = ow * q.sw - q.pw;
+          int64_t h1 = h0 + q.kh < H + q.ph ? h0 + q.kh : H + q.ph;
+          int64_t w1 = w0 + q.kw < W + q.pw ? w0 + q.kw : W + q.pw;
+          const int64_t pool = (h1 - h0) * (w1 - w0);
+          h0 = h0 < 0 ? 0 : h0;
+          w0 = w0 < 0 ? 0 : w0;
+          h1 = h1 > H ? H : h1;
+          w1 = w1 > W ? W : w1;
+          float s = 0.f;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+          int64_t div = divisor_override.has_value ? divisor_override.value
+                        : count_include_pad        ? pool
+                                                   : (h1 - h0) * (w1 - w0);
+          y[(p * OH + oh) * OW + ow] = div == 0 ? 0.f : s / float(div);
+        }
       }
     }
-  }
+  });
   return Error::Ok;
 }
 

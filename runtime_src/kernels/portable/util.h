@@ -11,6 +11,7 @@
 #include "core/span.h"
 #include "core/tensor.h"
 #include "kernel/dtype_selection.h"
+#include "kernel/kernel.h"
 #include "selected_dtypes.h"
 
 namespace etb {
@@ -43,8 +44,7 @@ inline Error expect_dtype(const Tensor& t, ScalarType want, const char* op, cons
 /// Fails unless `t` has `dim` dims.
 inline Error expect_dim(const Tensor& t, int dim, const char* op, const char* arg) {
   if (t.dim() != dim)
-    return fail(Error::InvalidArgument, "%s: %s must have %d dims, has %d", op, arg, dim,
-                t.dim());
+    return fail(Error::InvalidArgument, "%s: %s must have %d dims, has %d", op, arg, dim, t.dim());
   return Error::Ok;
 }
 
@@ -140,29 +140,37 @@ struct Broadcast2 {
 };
 
 /// Computes the broadcast shape of a and b into sizes/dim; fails when incompatible.
-Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim,
-                      const char* op);
+Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim, const char* op);
 
 /// Builds a collapsed iteration plan of a and b against the (contiguous) out sizes.
 void make_broadcast2(const Tensor& a, const Tensor& b, Span<const int64_t> out_sizes,
                      Broadcast2* plan);
 
-/// Calls f(out_offset, a_offset, a_stride, b_offset, b_stride, n) for each inner row.
+/// Calls f(out_offset, a_offset, a_stride, b_offset, b_stride, n) for the inner rows (or
+/// pieces of rows) that cover output elements [begin, end).
 template <typename F>
-void for_each_row(const Broadcast2& p, F&& f) {
+void for_each_row(const Broadcast2& p, int64_t begin, int64_t end, F&& f) {
+  if (begin >= end) return;
   if (p.dim == 0) {
     f(int64_t(0), int64_t(0), int64_t(0), int64_t(0), int64_t(0), int64_t(1));
     return;
   }
   const int last = p.dim - 1;
   const int64_t inner = p.sizes[last];
-  int64_t outer = 1;
-  for (int d = 0; d < last; ++d) outer *= p.sizes[d];
   if (inner == 0) return;
+  // The index of the row that holds `begin`, and its offsets into a and b.
   int64_t idx[kMaxDim] = {};
-  int64_t oa = 0, ob = 0;
-  for (int64_t o = 0; o < outer; ++o) {
-    f(o * inner, oa, p.sa[last], ob, p.sb[last], inner);
+  int64_t oa = 0, ob = 0, row = begin / inner, col = begin - (begin / inner) * inner;
+  for (int d = last - 1; d >= 0; --d) {
+    idx[d] = row % p.sizes[d];
+    row /= p.sizes[d];
+    oa += idx[d] * p.sa[d];
+    ob += idx[d] * p.sb[d];
+  }
+  for (int64_t e = begin; e < end; col = 0) {
+    const int64_t n = inner - col < end - e ? inner - col : end - e;
+    f(e, oa + col * p.sa[last], p.sa[last], ob + col * p.sb[last], p.sb[last], n);
+    e += n;
     for (int d = last - 1; d >= 0; --d) {
       oa += p.sa[d];
       ob += p.sb[d];
@@ -172,6 +180,36 @@ void for_each_row(const Broadcast2& p, F&& f) {
       idx[d] = 0;
     }
   }
+}
+
+/// for_each_row over all the output elements.
+template <typename F>
+void for_each_row(const Broadcast2& p, F&& f) {
+  int64_t total = 1;
+  for (int d = 0; d < p.dim; ++d) total *= p.sizes[d];
+  for_each_row(p, 0, total, f);
+}
+
+/// Elements of work a task gets at least when a kernel splits elementwise or per-row work over
+/// threads: enough to outweigh waking the pool.
+constexpr int64_t kParallelGrain = 16 * 1024;
+
+/// Calls f(begin, end) on ranges that cover [0, n) units of work, each unit `unit_cost`
+/// elements, split over the context's threads in tasks of at least kParallelGrain elements.
+/// Every unit is computed by the same code whatever the split: results do not depend on the
+/// thread count.
+template <typename F>
+void parallel_range(const KernelContext& ctx, int64_t n, int64_t unit_cost, F&& f) {
+  const int64_t cost = unit_cost > 0 ? unit_cost : 1;
+  int64_t tasks = n / (kParallelGrain / cost > 0 ? kParallelGrain / cost : 1);
+  const int64_t most = int64_t(ctx.num_threads()) * 4;  // a few per thread balance the load
+  tasks = tasks > most ? most : tasks;
+  if (tasks <= 1 || n <= 1 || ctx.num_threads() <= 1) {
+    if (n > 0) f(int64_t(0), n);
+    return;
+  }
+  auto task = [&](int64_t t, int) { f(t * n / tasks, (t + 1) * n / tasks); };
+  ctx.parallel_for(tasks, task);
 }
 
 }  // namespace native

@@ -82,8 +82,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
                  int64_t input_zero_point, const Tensor& weight, const Tensor& weight_scales,
                  const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
                  Span<const int64_t> dilation, int64_t groups, double output_scale,
-                 int64_t output_zero_point, int64_t output_min, int64_t output_max,
-                 Tensor& out) {
+                 int64_t output_zero_point, int64_t output_min, int64_t output_max, Tensor& out) {
   const char* op = "etb_quantized::conv2d";
   if (input.dim() != 4 || weight.dim() != 4)
     return fail(Error::InvalidArgument, "%s: input and weight must be 4-d, got %d-d and %d-d", op,
@@ -159,8 +158,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 &&
-                         s.pw == 0;
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   int8_t* col = nullptr;
   int64_t pc = P;
   if (!pointwise) {
@@ -175,8 +173,13 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* xg = x + (n * s.C + g * cin_g) * HW;
       const int8_t* wg = w + g * oc_g * K;
-      ConvEpilogue e{wsum + g * oc_g, mult + g * oc_g, bias_f + g * oc_g, xzp, q,
-                     y + (n * s.OC + g * oc_g) * P, P};
+      ConvEpilogue e{wsum + g * oc_g,
+                     mult + g * oc_g,
+                     bias_f + g * oc_g,
+                     xzp,
+                     q,
+                     y + (n * s.OC + g * oc_g) * P,
+                     P};
       if (pointwise) {
         qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
         continue;

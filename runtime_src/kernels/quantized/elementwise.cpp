@@ -18,7 +18,7 @@ Error expect_char(const Tensor& t, const char* op, const char* arg) {
 
 }  // namespace
 
-Error quantize_per_tensor_out(KernelContext&, const Tensor& input, double scale,
+Error quantize_per_tensor_out(KernelContext& ctx, const Tensor& input, double scale,
                               int64_t zero_point, int64_t quant_min, int64_t quant_max,
                               Tensor& out) {
   const char* op = "etb_quantized::quantize_per_tensor";
@@ -30,12 +30,13 @@ Error quantize_per_tensor_out(KernelContext&, const Tensor& input, double scale,
   ETB_TRY(out.resize(input.sizes()));
   const float* __restrict x = input.data_as<float>();
   int8_t* __restrict y = out.data_as<int8_t>();
-  const int64_t n = input.numel();
-  for (int64_t i = 0; i < n; ++i) y[i] = quantize_one(x[i], q);
+  native::parallel_range(ctx, input.numel(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = quantize_one(x[i], q);
+  });
   return Error::Ok;
 }
 
-Error dequantize_per_tensor_out(KernelContext&, const Tensor& input, double scale,
+Error dequantize_per_tensor_out(KernelContext& ctx, const Tensor& input, double scale,
                                 int64_t zero_point, Tensor& out) {
   const char* op = "etb_quantized::dequantize_per_tensor";
   ETB_TRY(expect_char(input, op, "input"));
@@ -48,12 +49,13 @@ Error dequantize_per_tensor_out(KernelContext&, const Tensor& input, double scal
   float* __restrict y = out.data_as<float>();
   const float s = float(scale);
   const int32_t zp = int32_t(zero_point);
-  const int64_t n = input.numel();
-  for (int64_t i = 0; i < n; ++i) y[i] = float(int32_t(x[i]) - zp) * s;
+  native::parallel_range(ctx, input.numel(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = float(int32_t(x[i]) - zp) * s;
+  });
   return Error::Ok;
 }
 
-Error add_out(KernelContext&, const Tensor& self, double self_scale, int64_t self_zero_point,
+Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t self_zero_point,
               const Tensor& other, double other_scale, int64_t other_zero_point,
               double output_scale, int64_t output_zero_point, int64_t output_min,
               int64_t output_max, Tensor& out) {
@@ -80,8 +82,7 @@ Error add_out(KernelContext&, const Tensor& self, double self_scale, int64_t sel
   const float as = float(self_scale), bs = float(other_scale);
   const int32_t az = int32_t(self_zero_point), bz = int32_t(other_zero_point);
   // out may alias self or other elementwise (in place): each element is read before written.
-  native::for_each_row(p, [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb,
-                              int64_t n) {
+  auto row = [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
     int8_t* o = y + oo;
     const int8_t* x0 = a + oa;
     const int8_t* x1 = b + ob;
@@ -98,13 +99,15 @@ Error add_out(KernelContext&, const Tensor& self, double self_scale, int64_t sel
         o[i] = quantize_one(fa + fb, q);
       }
     }
-  });
+  };
+  native::parallel_range(ctx, out.numel(), 1,
+                         [&](int64_t b, int64_t e) { native::for_each_row(p, b, e, row); });
   return Error::Ok;
 }
 
 Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
-               int64_t input_zero_point, Span<const int64_t> dim, bool keepdim,
-               double output_scale, int64_t output_zero_point, Tensor& out) {
+               int64_t input_zero_point, Span<const int64_t> dim, bool keepdim, double output_scale,
+               int64_t output_zero_point, Tensor& out) {
   const char* op = "etb_quantized::mean";
   ETB_TRY(expect_char(input, op, "input"));
   ETB_TRY(expect_char(out, op, "out"));
@@ -150,12 +153,14 @@ Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
   bool trailing = true;
   for (int d = 0; d < first_reduced; ++d) trailing = trailing && !reduced[d];
   if (trailing) {
-    for (int64_t o = 0; o < on; ++o) {
-      const int8_t* __restrict xr = x + o * count;
-      int32_t s = 0;
-      for (int64_t i = 0; i < count; ++i) s += xr[i];
-      acc[o] = int32_t(int64_t(s) - int64_t(zp) * count);
-    }
+    native::parallel_range(ctx, on, count, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        const int8_t* __restrict xr = x + o * count;
+        int32_t s = 0;
+        for (int64_t i = 0; i < count; ++i) s += xr[i];
+        acc[o] = int32_t(int64_t(s) - int64_t(zp) * count);
+      }
+    });
   } else {
     int64_t ostride[kMaxDim];
     int64_t st = 1;
@@ -183,25 +188,24 @@ Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
   return Error::Ok;
 }
 
-Error max_pool2d_out(KernelContext&, const Tensor& input, Span<const int64_t> kernel_size,
+Error max_pool2d_out(KernelContext& ctx, const Tensor& input, Span<const int64_t> kernel_size,
                      Span<const int64_t> stride, Span<const int64_t> padding,
                      Span<const int64_t> dilation, bool ceil_mode, Tensor& out) {
   const char* op = "etb_quantized::max_pool2d";
   ETB_TRY(expect_char(input, op, "input"));
   ETB_TRY(expect_char(out, op, "out"));
   if (input.dim() != 3 && input.dim() != 4)
-    return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op,
-                input.dim());
+    return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op, input.dim());
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   if (kernel_size.size() == 0 || !pair_items(kernel_size, 1, 1, &kh, &kw) ||
       !pair_items(stride, kh, kw, &sh, &sw) || !pair_items(padding, 0, 0, &ph, &pw) ||
       !pair_items(dilation, 1, 1, &dh, &dw))
-    return fail(Error::InvalidArgument,
-                "%s: kernel/stride/padding/dilation must have 1 or 2 items", op);
+    return fail(Error::InvalidArgument, "%s: kernel/stride/padding/dilation must have 1 or 2 items",
+                op);
   constexpr int64_t kLimit = int64_t(1) << 30;
   if (kh > kLimit || kw > kLimit || sh > kLimit || sw > kLimit || dh > kLimit || dw > kLimit ||
-      kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 ||
-      ph * 2 > kh || pw * 2 > kw)
+      kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 || ph * 2 > kh ||
+      pw * 2 > kw)
     return fail(Error::InvalidArgument, "%s: invalid kernel, stride, padding or dilation", op);
   const int64_t H = input.size(input.dim() - 2), W = input.size(input.dim() - 1);
   const int64_t planes = input.dim() == 4 ? input.size(0) * input.size(1) : input.size(0);
@@ -215,25 +219,27 @@ Error max_pool2d_out(KernelContext&, const Tensor& input, Span<const int64_t> ke
   ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(input.dim()))));
   const int8_t* x = input.data_as<int8_t>();
   int8_t* y = out.data_as<int8_t>();
-  for (int64_t p = 0; p < planes; ++p) {
-    const int8_t* xp = x + p * H * W;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        int32_t m = -128;
-        for (int64_t i = 0; i < kh; ++i) {
-          const int64_t h = oh * sh - ph + i * dh;
-          if (h < 0 || h >= H) continue;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t w = ow * sw - pw + j * dw;
-            if (w < 0 || w >= W) continue;
-            const int32_t v = xp[h * W + w];
-            m = v > m ? v : m;
+  native::parallel_range(ctx, planes, OH * OW * kh * kw, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int8_t* xp = x + p * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          int32_t m = -128;
+          for (int64_t i = 0; i < kh; ++i) {
+            const int64_t h = oh * sh - ph + i * dh;
+            if (h < 0 || h >= H) continue;
+            for (int64_t j = 0; j < kw; ++j) {
+              const int64_t w = ow * sw - pw + j * dw;
+              if (w < 0 || w >= W) continue;
+              const int32_t v = xp[h * W + w];
+              m = v > m ? v : m;
+            }
           }
+          y[(p * OH + oh) * OW + ow] = int8_t(m);
         }
-        y[(p * OH + oh) * OW + ow] = int8_t(m);
       }
     }
-  }
+  });
   return Error::Ok;
 }
 

@@ -223,7 +223,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   const int64_t nc_max = block_cols(K), mc_max = chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
   int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
-                                               align64(size_t(nc_max) * size_t(Kp) * 4));
+                                              align64(size_t(nc_max) * size_t(Kp) * 4));
   for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
     const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
     auto pack_rows = [&](int64_t t, int) {

@@ -1,0 +1,193 @@
+"""Threads: etbuild's runtime at 1, 2, ... threads against ExecuTorch+XNNPACK at the same count.
+
+One run on this machine, batch 1, MobileNetV2 and ResNet18 (``--models``), fp32 and int8
+(``+quant=ptq``; XNNPACK: ExecuTorch's XNNPACK quantizer on the same module and calibration).
+etbuild's runtime is built for the machine (``target.march=native``) by the pipeline, and run
+as ``etb_runner --threads T``, one process per sample. ExecuTorch's thread pool is
+process-wide, so XNNPACK runs in one worker process per thread count, started once and asked
+for a sample in turn. Timing is interleaved: in each of ``--rounds`` rounds every (runtime,
+threads) pair of a cell runs in turn, so machine noise hits all alike; a time is the median
+over rounds of the per-round medians. Every output is checked against torch eager first.
+
+Printed per cell: ms at each thread count, each runtime's speed-up over its own 1-thread time,
+and etbuild / XNNPACK at each thread count (< 1: etbuild is faster).
+
+    pip install ".[bench]"
+    python bench/threads.py [--models mobilenet resnet18] [--dtypes fp32 int8]
+        [--threads 1 2] [--iters 30] [--rounds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import kernels as kb  # noqa: E402  (bench/kernels.py: cases, builds, checks)
+
+
+class XnnpackWorker(kb.Timed):
+    """ExecuTorch+XNNPACK at `threads` threads in a process of its own (this script run with
+    --xnnpack-worker), answering one request per line: ``<k>`` -> the median ms of k runs,
+    ``out <path>`` -> the first output saved with torch.save."""
+
+    def __init__(self, case: kb.Case, threads: int, work: Path) -> None:
+        path, _facts = kb.xnnpack_program(case)
+        inputs = work / f"{case.name.replace('/', '_')}_inputs.pt"
+        torch.save(list(case.inputs), inputs)
+        self.work = work
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--xnnpack-worker", str(path), str(inputs), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def _ask(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        if not reply or reply.startswith("error"):
+            raise RuntimeError(f"XNNPACK worker: {reply or 'exited'}")
+        return reply
+
+    def sample(self, k: int) -> float:
+        return float(self._ask(str(k)))
+
+    def output(self) -> torch.Tensor:
+        path = self.work / f"xnnpack_out_{os.getpid()}_{id(self)}.pt"
+        self._ask(f"out {path}")
+        return torch.load(path)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def xnnpack_worker(pte: str, inputs_path: str, threads: int) -> int:
+    """The worker's side of XnnpackWorker."""
+    import time
+
+    with kb.quiet():
+        from executorch.extension.pybindings import portable_lib
+        from executorch.runtime import Runtime
+
+        portable_lib._unsafe_reset_threadpool(threads)  # before the delegate is initialized
+        method = Runtime.get().load_program(pte).load_method("forward")
+    inputs = torch.load(inputs_path)
+    for line in sys.stdin:
+        try:
+            if line.startswith("out "):
+                torch.save(method.execute(inputs)[0], line[4:].strip())
+                print("ok", flush=True)
+                continue
+            times = []
+            for _ in range(int(line)):
+                t0 = time.perf_counter()
+                method.execute(inputs)
+                times.append((time.perf_counter() - t0) * 1e3)
+            print(statistics.median(times), flush=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"error {kb.short_error(exc)}", flush=True)
+    return 0
+
+
+def fmt_ms(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mobilenet", "resnet18"])
+    parser.add_argument("--dtypes", nargs="+", default=list(kb.DTYPES), choices=kb.DTYPES)
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--iters", type=int, default=30, help="timed runs per runtime per cell")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
+    parser.add_argument("--xnnpack-worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.xnnpack_worker:
+        pte, inputs, threads = args.xnnpack_worker
+        return xnnpack_worker(pte, inputs, int(threads))
+    if 1 not in args.threads:
+        parser.error("--threads must include 1 (the speed-ups are over one thread)")
+
+    torch.set_num_threads(1)
+    from etbuild.pipeline.config import register_configs
+
+    register_configs()
+    info = kb.cpu_info()
+    kb.log(
+        f"machine: {info['model']}, {os.cpu_count()} cores, {platform.machine()}; ISA "
+        f"{kb.machine_isa(info['flags'])}; threads {args.threads}"
+    )
+    with tempfile.TemporaryDirectory(prefix="etb_threads_") as wd:
+        work = Path(wd)
+        cases = [kb.build_case(m, d, work, "ptq") for m in args.models for d in args.dtypes]
+        build = kb.build_runtimes(["native"], cases, work, profile=False)["native"]
+        if build.error:
+            kb.log(f"etbuild runtime build failed: {build.error}")
+            return 1
+        if not build.threads_flag:
+            kb.log("this etb_runner has no --threads flag")
+            return 1
+        rows = []
+        for case in cases:
+            cells = []
+            for t in args.threads:
+                cells.append(kb.Cell(f"etbuild@{t}", kb.RunnerTimed(build, case, work, t)))
+                try:
+                    cells.append(kb.Cell(f"xnnpack@{t}", XnnpackWorker(case, t, work)))
+                except Exception as exc:  # noqa: BLE001
+                    cells.append(kb.Cell(f"xnnpack@{t}", error=kb.short_error(exc)))
+            for c in cells:
+                if c.timed is None:
+                    continue
+                try:
+                    c.check = kb.check(case, c.timed.output())
+                    if not c.check.ok:
+                        c.error = f"output check failed (SQNR {c.check.sqnr_db:.1f} dB)"
+                except Exception as exc:  # noqa: BLE001
+                    c.error = f"output failed: {kb.short_error(exc)}"
+            kb.measure(cells, args.iters, args.rounds)
+            for c in cells:
+                if isinstance(c.timed, XnnpackWorker):
+                    c.timed.close()
+            ms = {c.runtime: c.ms for c in cells}
+            errors = [f"{c.runtime}: {c.error}" for c in cells if c.error]
+            rows.append((case.name, ms, errors))
+            kb.log(f"  {case.name:<16} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
+
+    kb.log("\n== latency, ms (median over rounds)")
+    cols = [f"{rt}@{t}" for t in args.threads for rt in ("etbuild", "xnnpack")]
+    kb.log(f"{'model/dtype':<16}" + "".join(f"{c:>13}" for c in cols))
+    for name, ms, _ in rows:
+        kb.log(f"{name:<16}" + "".join(f"{fmt_ms(ms.get(c)):>13}" for c in cols))
+    kb.log("\n== speed-up over 1 thread (same runtime), and etbuild / XNNPACK at each count")
+    head = [f"etb x{t}" for t in args.threads[1:]] + [f"xnn x{t}" for t in args.threads[1:]]
+    head += [f"etb/xnn@{t}" for t in args.threads]
+    kb.log(f"{'model/dtype':<16}" + "".join(f"{h:>12}" for h in head))
+    for name, ms, errors in rows:
+        vals = [kb.ratio(ms.get("etbuild@1"), ms.get(f"etbuild@{t}")) for t in args.threads[1:]]
+        vals += [kb.ratio(ms.get("xnnpack@1"), ms.get(f"xnnpack@{t}")) for t in args.threads[1:]]
+        vals += [kb.ratio(ms.get(f"etbuild@{t}"), ms.get(f"xnnpack@{t}")) for t in args.threads]
+        kb.log(f"{name:<16}" + "".join(f"{kb.fmt_ratio(v):>12}" for v in vals))
+        for e in errors:
+            kb.log(f"    {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
