@@ -179,9 +179,10 @@ def test_report_says_built_not_run(m4_build: Path) -> None:
         f"- kernels: the toolchain's default `-march`, SIMD path {isa}"
         in (m4_build / "report.md").read_text()
     )
-    assert "- threads: 1 (bare metal: the runtime has no thread pool)" in (
-        m4_build / "report.md"
-    ).read_text()
+    assert (
+        "- threads: 1 (bare metal: the runtime has no thread pool)"
+        in (m4_build / "report.md").read_text()
+    )
 
 
 @needs_arm
