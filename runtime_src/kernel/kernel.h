@@ -46,11 +46,15 @@ class KernelContext {
       for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
     }
   }
-  /// parallel_for with a callable f(task, thread).
+  /// parallel_for with a callable f(task, thread). Bare metal has no threads: a plain loop.
   template <typename F>
   void parallel_for(int64_t n, F& f) const {
+#if defined(ETB_BARE_METAL)
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+#else
     parallel_for(
         n, [](void* c, int64_t task, int thread) { (*static_cast<F*>(c))(task, thread); }, &f);
+#endif
   }
 
  private:

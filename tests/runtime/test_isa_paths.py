@@ -361,16 +361,17 @@ def test_report_says_where_the_isa_comes_from(tmp_path: Path, march: str, verify
     ctx = Context(compose_config(["model=mlp"]), tmp_path)
     ctx.artifacts.update(toolchain=tc, kernel_isa="neon")
     arch = f"`-march={march}`" if march else "the toolchain's default `-march`"
+    threads = "- threads: 1 (target.threads: `etb_runner --threads 1`, `load(path, threads=1)`)"
     if not verify_on:
         line = f"- kernels: {arch}, SIMD path `neon` (from the compile flags)"
-        assert _kernels_line(ctx.artifacts) == [line]
+        assert _kernels_line(ctx.artifacts) == [line, threads]
         return
     ctx.records.append(StageRecord("verify"))
     verify.run(ctx)
     isa = "neon (the target's path from its compile flags; not run)"
     assert ctx.current.summary["kernel_isa"] == isa
     assert ctx.current.summary["status"].startswith("built, not run")
-    assert _kernels_line(ctx.artifacts) == [f"- kernels: {arch}, SIMD path {isa}"]
+    assert _kernels_line(ctx.artifacts) == [f"- kernels: {arch}, SIMD path {isa}", threads]
 
 
 def test_runner_isa_flag_takes_no_other_arguments(runners) -> None:

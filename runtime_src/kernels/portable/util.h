@@ -200,6 +200,11 @@ constexpr int64_t kParallelGrain = 16 * 1024;
 /// thread count.
 template <typename F>
 void parallel_range(const KernelContext& ctx, int64_t n, int64_t unit_cost, F&& f) {
+#if defined(ETB_BARE_METAL)  // no threads: one call, no task wrapper in the image
+  (void)ctx;
+  (void)unit_cost;
+  if (n > 0) f(int64_t(0), n);
+#else
   const int64_t cost = unit_cost > 0 ? unit_cost : 1;
   int64_t tasks = n / (kParallelGrain / cost > 0 ? kParallelGrain / cost : 1);
   const int64_t most = int64_t(ctx.num_threads()) * 4;  // a few per thread balance the load
@@ -210,6 +215,7 @@ void parallel_range(const KernelContext& ctx, int64_t n, int64_t unit_cost, F&& 
   }
   auto task = [&](int64_t t, int) { f(t * n / tasks, (t + 1) * n / tasks); };
   ctx.parallel_for(tasks, task);
+#endif
 }
 
 }  // namespace native
