@@ -20,6 +20,14 @@ namespace etb {
 namespace quantized {
 namespace {
 
+// im2col column tiles (temp memory): hosted, big enough that the threads share few, long
+// loops; bare metal, small (a microcontroller's RAM).
+#if defined(ETB_BARE_METAL)
+constexpr int64_t kColTileBytes = 64 * 1024;
+#else
+constexpr int64_t kColTileBytes = 512 * 1024;
+#endif
+
 // Per-output-channel requantization of a GEMM tile into int8 rows of length ldo.
 struct ConvEpilogue {
   const int32_t* wsum;
@@ -153,7 +161,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (cin_g == 1 && groups > 1 && s.KH * s.KW <= 514)
     return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
-  row_sums(s.OC, K, w, K, wsum);
+  row_sums(ctx, s.OC, K, w, K, wsum);
   Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, K));
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
@@ -162,7 +170,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   int8_t* col = nullptr;
   int64_t pc = P;
   if (!pointwise) {
-    pc = (int64_t(128) * 1024) / K;  // column tiles of at most ~128 KB
+    pc = kColTileBytes / K;
     pc = pc < 64 ? 64 : (pc / 64) * 64;
     if (pc > P) pc = P;
     Result<void*> tmp = ctx.allocate_temp(size_t(K * pc));

@@ -235,9 +235,9 @@ size_t depthwise_direct_temp_bytes(const ConvShape& s, int threads) {
   return size_t(threads > 1 ? threads : 1) * thread_temp_bytes(planes_of(s));
 }
 
-void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x,
-                      int32_t xzp, const int8_t* w, const float* mult, const float* bias,
-                      const OutQuant& q, int8_t* y, void* temp) {
+void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
+                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
+                      int8_t* y, void* temp) {
   const Planes p = planes_of(s);
   const size_t per_thread = thread_temp_bytes(p);
   const int64_t elems = plane_elems(p);
@@ -252,7 +252,7 @@ void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t
   auto channel = [&](int64_t task, int thread) {
     char* mine = static_cast<char*>(temp) + size_t(thread) * per_thread;
     int16_t* const p0 = reinterpret_cast<int16_t*>(mine);  // P, or E
-    int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;        // O
+    int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;      // O
     int8_t* flat = reinterpret_cast<int8_t*>(mine) + align64(size_t(elems) * sizeof(int16_t));
     const int16_t* R[5];
     for (int64_t kh = 0; kh < p.K; ++kh)

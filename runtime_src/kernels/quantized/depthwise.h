@@ -24,9 +24,9 @@ size_t depthwise_direct_temp_bytes(const ConvShape& s, int threads);
 /// weight with I = 1), mult[oc] = float32(x_scale) * w_scale[oc], bias[oc] (0 when none).
 /// `temp` holds depthwise_direct_temp_bytes(s, ctx.num_threads()) bytes, 64-byte aligned. The
 /// threads of ctx split the input channels.
-void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x,
-                      int32_t xzp, const int8_t* w, const float* mult, const float* bias,
-                      const OutQuant& q, int8_t* y, void* temp);
+void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
+                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
+                      int8_t* y, void* temp);
 
 }  // namespace quantized
 }  // namespace etb

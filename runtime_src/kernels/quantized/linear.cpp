@@ -18,10 +18,10 @@ struct LinearEpilogue {
   const float* bias;
   int32_t xzp;
   OutQuant q;
-  int8_t* out_q;   // int8 output (linear) or
-  float* out_f;    // float output (dynamic_linear)
-  int64_t ldo;     // output row length (out_features)
-  bool has_bias;   // dynamic_linear adds the bias only when there is one, as the reference
+  int8_t* out_q;  // int8 output (linear) or
+  float* out_f;   // float output (dynamic_linear)
+  int64_t ldo;    // output row length (out_features)
+  bool has_bias;  // dynamic_linear adds the bias only when there is one, as the reference
 };
 
 void linear_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
@@ -97,7 +97,7 @@ Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& wei
     c->mult[o] = input_scale * ws[o];
     c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
   }
-  row_sums(O, K, weight.data_as<int8_t>(), K, c->wsum);
+  row_sums(ctx, O, K, weight.data_as<int8_t>(), K, c->wsum);
   Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(O, K));
   if (!wsm.ok()) return wsm.error();
   c->workspace = wsm.value();
@@ -123,8 +123,9 @@ Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (out.numel() == 0) return Error::Ok;
   ChannelParams c;
   ETB_TRY(channel_params(ctx, weight, weight_scales, bias, float(input_scale), O, K, &c));
-  LinearEpilogue e{c.wsum, c.mult, c.bias, int32_t(input_zero_point), q, out.data_as<int8_t>(),
-                   nullptr, O, bias != nullptr};
+  LinearEpilogue e{
+      c.wsum,  c.mult, c.bias,         int32_t(input_zero_point), q, out.data_as<int8_t>(),
+      nullptr, O,      bias != nullptr};
   qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, input.data_as<int8_t>(), 1, K, c.workspace,
         linear_tile, &e);
   return Error::Ok;
@@ -173,8 +174,8 @@ Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& 
   }
   ChannelParams c;
   ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, &c));
-  LinearEpilogue e{c.wsum, c.mult, c.bias, zp, q, nullptr, out.data_as<float>(), O,
-                   bias != nullptr};
+  LinearEpilogue e{c.wsum, c.mult,         c.bias, zp, q, nullptr, out.data_as<float>(),
+                   O,      bias != nullptr};
   qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);
   return Error::Ok;
 }

@@ -183,13 +183,19 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t K) {
          align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
 }
 
-void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums) {
-  for (int64_t m = 0; m < M; ++m) {
-    const int8_t* a = A + m * lda;
-    int32_t s = 0;
-    for (int64_t k = 0; k < K; ++k) s += a[k];
-    sums[m] = s;
-  }
+void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
+              int32_t* sums) {
+  constexpr int64_t kRowsPerTask = 16;
+  auto rows = [&](int64_t t, int) {
+    const int64_t end = min64(M, (t + 1) * kRowsPerTask);
+    for (int64_t m = t * kRowsPerTask; m < end; ++m) {
+      const int8_t* __restrict a = A + m * lda;
+      int32_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[k];
+      sums[m] = s;
+    }
+  };
+  kctx.parallel_for((M + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,

@@ -28,8 +28,10 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t K);
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
            const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
 
-/// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row.
-void row_sums(int64_t M, int64_t K, const int8_t* A, int64_t lda, int32_t* sums);
+/// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row; the
+/// rows are split over kctx's threads.
+void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
+              int32_t* sums);
 
 }  // namespace quantized
 }  // namespace etb

@@ -33,8 +33,8 @@ inline int8_t quantize_one(float y, const OutQuant& q) {
 inline Error make_out_quant(double scale, int64_t zp, int64_t lo, int64_t hi, const char* op,
                             OutQuant* q) {
   if (!(scale > 0) || !std::isfinite(scale))
-    return fail(Error::InvalidArgument, "%s: output scale must be positive and finite, got %g",
-                op, scale);
+    return fail(Error::InvalidArgument, "%s: output scale must be positive and finite, got %g", op,
+                scale);
   if (zp < -(int64_t(1) << 24) || zp > (int64_t(1) << 24))
     return fail(Error::InvalidArgument, "%s: output zero point %lld is out of range", op,
                 (long long)zp);
@@ -74,8 +74,8 @@ inline Error check_channel_params(const Tensor& scales, const Tensor* bias, int6
                 (long long)channels);
   if (bias != nullptr &&
       (bias->dtype() != ScalarType::Float || bias->numel() != channels || bias->dim() != 1))
-    return fail(Error::InvalidArgument, "%s: bias must be a 1-d Float tensor of %lld elements",
-                op, (long long)channels);
+    return fail(Error::InvalidArgument, "%s: bias must be a 1-d Float tensor of %lld elements", op,
+                (long long)channels);
   return Error::Ok;
 }
 
