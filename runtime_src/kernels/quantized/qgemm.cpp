@@ -19,7 +19,7 @@ namespace {
 #if defined(__AVX512BW__)
 constexpr int64_t kMR = 8, kNR = 32;  // 16 zmm accumulators
 #elif defined(__AVX2__)
-constexpr int64_t kMR = 4, kNR = 16;  // AVX2
+constexpr int64_t kMR = 4, kNR = 16;  // 8 ymm accumulators (6 rows spilled them to the stack)
 #else
 constexpr int64_t kMR = 4, kNR = 8;
 #endif
