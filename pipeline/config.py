@@ -360,52 +360,49 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="etbuild_schema", node=EtbuildConfig)
 
 
-def _unknown_keys(node: object, path: str) -> Iterator[tuple[str, str, list[str]]]:
-    """(full key, parent, allowed keys) for every key a typed node has beyond its schema."""
+def _typed_nodes(node: object, path: str) -> Iterator[tuple[str, DictConfig, type]]:
+    """(path, node, schema dataclass) for every schema-typed dict in the tree under ``node``
+    (missing nodes, which validate() reports, and free-form dicts such as model.args are not
+    entered). Only keys the schema declares are descended into."""
     if isinstance(node, (DictConfig, ListConfig)) and node._is_missing():
-        return  # reported as missing by validate()
+        return
     if isinstance(node, ListConfig):
         for i, item in enumerate(node):
-            yield from _unknown_keys(item, f"{path}[{i}]")
+            yield from _typed_nodes(item, f"{path}[{i}]")
         return
     if not isinstance(node, DictConfig):
         return
     schema = OmegaConf.get_type(node)
     if not dataclasses.is_dataclass(schema):
-        return  # a free-form dict, such as model.args
-    allowed = [f.name for f in dataclasses.fields(schema)]
+        return
+    yield path, node, schema
+    declared = {f.name for f in dataclasses.fields(schema)}
     for key in node.keys():
-        full = f"{path}.{key}" if path else str(key)
-        if key not in allowed:
-            yield full, path or "the config", allowed
-        else:
-            yield from _unknown_keys(node._get_node(key), full)
+        if key in declared:
+            yield from _typed_nodes(node._get_node(key), f"{path}.{key}" if path else str(key))
 
 
-def _bad_values(node: object, path: str) -> Iterator[tuple[str, object, str]]:
+def _unknown_keys(cfg: DictConfig) -> Iterator[tuple[str, str, list[str]]]:
+    """(full key, parent, allowed keys) for every key a typed node has beyond its schema."""
+    for path, node, schema in _typed_nodes(cfg, ""):
+        allowed = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            if key not in allowed:
+                yield f"{path}.{key}" if path else str(key), path or "the config", allowed
+
+
+def _bad_values(cfg: DictConfig) -> Iterator[tuple[str, object, str]]:
     """(full key, value, what is expected) for every string setting whose schema field has a
     ``pattern`` (its metadata) that the value does not match in full."""
-    if isinstance(node, ListConfig) and not node._is_missing():
-        for i, item in enumerate(node):
-            yield from _bad_values(item, f"{path}[{i}]")
-        return
-    if not isinstance(node, DictConfig) or node._is_missing():
-        return
-    schema = OmegaConf.get_type(node)
-    if not dataclasses.is_dataclass(schema):
-        return
-    for f in dataclasses.fields(schema):
-        if f.name not in node:
-            continue
-        full = f"{path}.{f.name}" if path else f.name
-        child = node._get_node(f.name)
-        pattern = f.metadata.get("pattern")
-        if pattern is None:
-            yield from _bad_values(child, full)
-            continue
-        value = None if child._is_missing() else node[f.name]
-        if value is not None and not re.fullmatch(pattern, str(value)):
-            yield full, value, f.metadata.get("expected", f"a value matching {pattern}")
+    for path, node, schema in _typed_nodes(cfg, ""):
+        for f in dataclasses.fields(schema):
+            pattern = f.metadata.get("pattern")
+            if pattern is None or f.name not in node or node._get_node(f.name)._is_missing():
+                continue
+            value = node[f.name]
+            if value is not None and not re.fullmatch(pattern, str(value)):
+                full = f"{path}.{f.name}" if path else f.name
+                yield full, value, f.metadata.get("expected", f"a value matching {pattern}")
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -416,12 +413,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     carries a ``pattern`` (``target.march``: it reaches a compiler command line) are checked
     against it.
     """
-    for full, parent, allowed in _unknown_keys(cfg, ""):
+    for full, parent, allowed in _unknown_keys(cfg):
         raise EtbuildError(
             f"unknown setting {full!r}: {parent} has no such key; its settings are: "
             f"{', '.join(allowed)}"
         )
-    for full, value, expected in _bad_values(cfg, ""):
+    for full, value, expected in _bad_values(cfg):
         raise EtbuildError(f"{full}={value!r} is not valid: it must be {expected}")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
