@@ -57,6 +57,12 @@ class KernelContext {
 #endif
   }
 
+  /// This call's context for the work inside one task of a parallel loop: the same clamp, no
+  /// threads (the loop already has them) and no temp memory (take it before the loop).
+  KernelContext within_task() const {
+    return KernelContext(nullptr, clamp_, nullptr);
+  }
+
  private:
   MemoryAllocator* temp_;
   OutputClamp clamp_;

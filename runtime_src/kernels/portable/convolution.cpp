@@ -112,30 +112,64 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const int64_t oc_g = s.OC / groups;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   const int64_t K = cin_g * s.KH * s.KW;
-  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
-  if (!ws_mem.ok()) return ws_mem.error();
-  float* ws = static_cast<float*>(ws_mem.value());
   // Each group is out[oc_g x P] = weight[oc_g x K] * columns[K x P], bias per row.
   GemmEpilogue ep;
   ep.init = bias != nullptr ? GemmInit::RowBias : GemmInit::Zero;
   ep.clamp = ctx.output_clamp();
   const float* b = bias != nullptr ? bias->data_as<float>() : nullptr;
   if (pointwise) {
+    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
+    if (!ws.ok()) return ws.error();
     for (int64_t n = 0; n < s.N; ++n)
       for (int64_t g = 0; g < groups; ++g) {
         ep.bias = b != nullptr ? b + g * oc_g : nullptr;
         sgemm(ctx, oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
-              y + (n * s.OC + g * oc_g) * P, P, ep, ws);
+              y + (n * s.OC + g * oc_g) * P, P, ep, static_cast<float*>(ws.value()));
       }
     return Error::Ok;
   }
-  // im2col in column tiles of at most ~256 KB.
-  int64_t pc = (int64_t(256) * 1024 / 4) / K;
+  // im2col in column tiles of at most 256 KB, and 2 MB over all the threads' tiles.
+  const int threads = ctx.num_threads();
+  const int64_t tile_bytes = threads <= 8 ? int64_t(256) << 10 : (int64_t(2) << 20) / threads;
+  int64_t pc = tile_bytes / int64_t(sizeof(float)) / K;
   pc = pc < 32 ? 32 : (pc / 32) * 32;
+  // With threads, at least four tiles a thread where the plane has columns for them.
+  const int64_t share = (P / (4 * threads) + 31) / 32 * 32;
+  if (threads > 1 && share >= 32 && share < pc) pc = share;
   if (pc > P) pc = P;
+  const int64_t tiles = (P + pc - 1) / pc;
+  if (threads == 1 || tiles >= 2 * threads) {
+    // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
+    // there, so the whole convolution is one parallel loop (a tile's columns are computed the
+    // same way on any thread).
+    const size_t col_bytes = (size_t(K * pc) * sizeof(float) + 63) / 64 * 64;
+    const size_t ws_bytes = (sgemm_workspace_bytes(K) + 63) / 64 * 64;
+    Result<void*> tmp = ctx.allocate_temp((col_bytes + ws_bytes) * size_t(threads), 64);
+    if (!tmp.ok()) return tmp.error();
+    const KernelContext serial = ctx.within_task();
+    auto tile = [&](int64_t t, int thread) {
+      const int64_t p0 = (t % tiles) * pc, g = (t / tiles) % groups, n = t / (tiles * groups);
+      const int64_t cols = P - p0 < pc ? P - p0 : pc;
+      char* mine = static_cast<char*>(tmp.value()) + size_t(thread) * (col_bytes + ws_bytes);
+      float* col = reinterpret_cast<float*>(mine);
+      const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
+      for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, 0.f, col);
+      GemmEpilogue tep = ep;
+      tep.bias = b != nullptr ? b + g * oc_g : nullptr;
+      sgemm(serial, oc_g, cols, K, w + g * oc_g * K, K, col, cols,
+            y + (n * s.OC + g * oc_g) * P + p0, P, tep, reinterpret_cast<float*>(mine + col_bytes));
+    };
+    ctx.parallel_for(s.N * groups * tiles, tile);
+    return Error::Ok;
+  }
+  // Few tiles (a small output plane): the threads split each tile's packing by channels and
+  // its product by rows.
   Result<void*> tmp = ctx.allocate_temp(size_t(K * pc) * sizeof(float));
   if (!tmp.ok()) return tmp.error();
   float* col = static_cast<float*>(tmp.value());
+  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
+  if (!ws_mem.ok()) return ws_mem.error();
+  float* ws = static_cast<float*>(ws_mem.value());
   for (int64_t n = 0; n < s.N; ++n)
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;

@@ -132,70 +132,87 @@ TileFn tile_fn(int mr) {
 
 // The blocked product with tiles of up to MR rows and NV vectors, over column blocks of
 // nc_block and depth blocks of kc_block (later depth blocks add to C; the clamp waits for the
-// last one). Within a block the tiles are split over the threads by rows of tiles and, when
-// there are few rows, by runs of columns; each tile is computed the same way wherever it
-// runs, so the result does not depend on the thread count.
+// last one). The tiles are split over the threads by rows of tiles and, when there are few
+// rows, by runs of columns; each tile is computed the same way wherever it runs, so the
+// result does not depend on the thread count.
+//
+// Every parallel loop is a fork and a join, so there are as few as the cache allows: one for
+// the whole product when there is one depth block or when `depth_in_task` (a matrix-vector
+// product, which reads B once whatever the order); otherwise one per column and depth block,
+// so that the kc x NC slice of B stays in each thread's L2 while the row tiles pass over it.
 template <int MR, int NV>
 void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
              const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep,
-             int64_t nc_block, int64_t kc_block, float* workspace) {
+             int64_t nc_block, int64_t kc_block, bool depth_in_task, float* workspace) {
   constexpr int kNR = NV * kW;
   nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
+  if (kc_block < 1) kc_block = 1;
   const int64_t row_tiles = (M + MR - 1) / MR;
-  for (int64_t n0 = 0; n0 < N; n0 += nc_block) {
-    const int64_t nc = min64(nc_block, N - n0);
-    const int64_t nfull = nc / kNR * kNR;
-    const int rem = int(nc - nfull);
-    const int tail_nv = rem <= kW ? 1 : NV;
-    const int tail_w = tail_nv * kW;
-    const int64_t col_tiles = nfull / kNR + (rem > 0 ? 1 : 0);
-    // Enough tasks for every thread to get several.
-    const int64_t want = 4 * int64_t(ctx.num_threads());
-    int64_t col_runs = row_tiles >= want || ctx.num_threads() == 1
-                           ? 1
-                           : min64(col_tiles, (want + row_tiles - 1) / row_tiles);
-    for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_block) {
-      const int64_t kc = min64(kc_block, K - k0);
-      const bool last = k0 + kc >= K;
-      const TileEpilogue e0{k0 == 0 ? ep.init : GemmInit::C, ep.bias, last && ep.clamp.active(),
-                            ep.clamp.lo, ep.clamp.hi};
-      // The last columns: a zero-padded [kc x tail_w] panel, so the tail tile reads full
-      // vectors. The tasks share it (read only).
-      if (rem > 0) {
-        for (int64_t k = 0; k < kc; ++k) {
-          const float* src = B + (k0 + k) * ldb + n0 + nfull;
-          float* dst = workspace + k * tail_w;
-          int j = 0;
-          for (; j < rem; ++j) dst[j] = src[j];
-          for (; j < tail_w; ++j) dst[j] = 0.f;
-        }
-      }
-      const float* b = B + k0 * ldb + n0;
-      auto task = [&](int64_t t, int) {
-        const int64_t m0 = (t / col_runs) * MR;
-        const int64_t run = t % col_runs;
-        const int64_t j_begin = col_tiles * run / col_runs,
-                      j_end = col_tiles * (run + 1) / col_runs;
-        const int mr = int(min64(MR, M - m0));
-        const TileFn full_tile = tile_fn<MR, NV>(mr);
-        const float* a = A + m0 * lda + k0;
-        float* c = C + m0 * ldc + n0;
-        TileEpilogue e = e0;
-        if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
-        for (int64_t jt = j_begin; jt < j_end; ++jt) {
-          const int64_t j = jt * kNR;
-          if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
-          if (j < nfull) {
-            full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
-          } else {
-            const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
-            tail_tile(kc, a, lda, workspace, tail_w, c + nfull, ldc, rem, e);
-          }
-        }
-      };
-      ctx.parallel_for(row_tiles * col_runs, task);
+  const int64_t col_blocks = (N + nc_block - 1) / nc_block;
+  const int64_t depth_blocks = K > 0 ? (K + kc_block - 1) / kc_block : 1;
+  // Only the last column block can end in a partial tile: its last `rem` columns, for the
+  // whole depth, go into a zero-padded [K x tail_w] panel so that the tail tile reads full
+  // vectors. The tasks share it (read only).
+  const int64_t nfull_all = N / kNR * kNR;
+  const int rem = int(N - nfull_all);
+  const int tail_nv = rem <= kW ? 1 : NV;
+  const int tail_w = tail_nv * kW;
+  if (rem > 0) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float* src = B + k * ldb + nfull_all;
+      float* dst = workspace + k * tail_w;
+      int j = 0;
+      for (; j < rem; ++j) dst[j] = src[j];
+      for (; j < tail_w; ++j) dst[j] = 0.f;
     }
   }
+  const bool one_loop = depth_blocks == 1 || depth_in_task;
+  // Enough tasks for every thread to get several.
+  const int64_t want = 4 * int64_t(ctx.num_threads());
+  const int64_t units = row_tiles * (one_loop ? col_blocks : 1);
+  const int64_t block_tiles = (min64(nc_block, N) + kNR - 1) / kNR;
+  const int64_t col_runs =
+      units >= want || ctx.num_threads() == 1 ? 1 : min64(block_tiles, (want + units - 1) / units);
+  // Tiles [j_begin, j_end) of run `run` in column block `cb`, row tile `rt`, depth block `k0`.
+  auto run_tiles = [&](int64_t cb, int64_t rt, int64_t run, int64_t k0) {
+    const int64_t n0 = cb * nc_block, nc = min64(nc_block, N - n0);
+    const int64_t col_tiles = (nc + kNR - 1) / kNR;
+    const int64_t j_begin = col_tiles * run / col_runs, j_end = col_tiles * (run + 1) / col_runs;
+    const int64_t kc = min64(kc_block, K - k0);
+    const int64_t m0 = rt * MR;
+    const int mr = int(min64(MR, M - m0));
+    const TileFn full_tile = tile_fn<MR, NV>(mr);
+    TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, k0 + kc >= K && ep.clamp.active(),
+                   ep.clamp.lo, ep.clamp.hi};
+    if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
+    const float* a = A + m0 * lda + k0;
+    const float* b = B + k0 * ldb + n0;
+    float* c = C + m0 * ldc + n0;
+    for (int64_t jt = j_begin; jt < j_end; ++jt) {
+      const int64_t j = jt * kNR;
+      if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
+      if (n0 + j + kNR <= N) {
+        full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
+      } else {
+        const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
+        tail_tile(kc, a, lda, workspace + k0 * tail_w, tail_w, c + j, ldc, rem, e);
+      }
+    }
+  };
+  if (one_loop) {
+    auto task = [&](int64_t t, int) {
+      const int64_t run = t % col_runs, rt = (t / col_runs) % row_tiles,
+                    cb = t / (col_runs * row_tiles);
+      for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_block) run_tiles(cb, rt, run, k0);
+    };
+    ctx.parallel_for(col_blocks * row_tiles * col_runs, task);
+    return;
+  }
+  for (int64_t cb = 0; cb < col_blocks; ++cb)
+    for (int64_t k0 = 0; k0 < K; k0 += kc_block) {
+      auto task = [&](int64_t t, int) { run_tiles(cb, t / col_runs, t % col_runs, k0); };
+      ctx.parallel_for(row_tiles * col_runs, task);
+    }
 }
 
 }  // namespace
@@ -215,16 +232,17 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
     const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
     const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
     const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
-    blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, workspace);
+    blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, false, workspace);
     return;
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each
   // sweep the whole width, so B is read as a few long contiguous runs at a time.
   constexpr int64_t kDepthBlock = 64;
   if (M == 1)
-    blocked<1, kWideNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
+    blocked<1, kWideNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, true, workspace);
   else
-    blocked<2, kWideNV / 2>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, workspace);
+    blocked<2, kWideNV / 2>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, true,
+                            workspace);
 }
 
 }  // namespace native
