@@ -41,11 +41,13 @@ class Op(nn.Module):
         return self.fn(self, *xs)
 
 
-def run_exact(rt, pipeline_program, module: nn.Module, inputs: list[torch.Tensor]) -> None:
+def run_exact(
+    rt, pipeline_program, module: nn.Module, inputs: list[torch.Tensor], threads: int = 1
+) -> None:
     module.eval()
     with torch.no_grad():
         want = module(*inputs)
-    prog = rt.load(str(pipeline_program(module, inputs)))
+    prog = rt.load(str(pipeline_program(module, inputs)), threads=threads)
     (got,) = prog.run(list(inputs))
     assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
     if want.dtype == torch.int8:
@@ -183,6 +185,28 @@ def test_conv2d_paths(rt, pipeline_program, shape):
                 stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.5 + c / 10,
                 ozp=4, lo=-128, hi=127)  # fmt: skip
     run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)])
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # (N, C, H, W, OC, k, stride, pad, groups)
+        (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
+        (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3: each task packs and multiplies a column tile
+        (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over image, group, tile
+        (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: the threads split rows of tiles
+    ],
+)
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_conv2d_split_over_threads_is_exact(rt, pipeline_program, shape, threads):
+    n, c, h, w, oc, k, s, p, g = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    rng = random.Random(sum(shape))
+    args = dict(xs=0.04, xzp=-9, w=i8((oc, c // g, k, k), gen, -127, 127),
+                ws=weight_scales(rng, gen, oc), b=torch.randn(oc, generator=gen),
+                stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.3 + c / 20,
+                ozp=4, lo=-128, hi=127)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)], threads)
 
 
 def test_conv2d_large_accumulators_round_like_the_reference(rt, pipeline_program):

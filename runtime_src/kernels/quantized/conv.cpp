@@ -84,6 +84,46 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
   return Error::Ok;
 }
 
+// The im2col path as one parallel loop: the weights are widened once, then each task packs
+// one column tile (of pc columns) of one image and group into its thread's buffer and
+// multiplies it there.
+Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
+                        const int8_t* w, const int32_t* wsum, const float* mult, const float* bias,
+                        const OutQuant& q, int64_t pc, int8_t* y) {
+  const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
+  const int64_t P = s.OH * s.OW, tiles = (P + pc - 1) / pc;
+  const size_t a_bytes = qgemm_packed_a_bytes(oc_g, K);
+  const size_t per_thread = (size_t(K * pc) + 63) / 64 * 64 + qgemm_panel_bytes(K);
+  const int threads = ctx.num_threads();
+  Result<void*> mem =
+      ctx.allocate_temp(a_bytes * size_t(s.groups) + per_thread * size_t(threads), 64);
+  if (!mem.ok()) return mem.error();
+  char* base = static_cast<char*>(mem.value());
+  for (int64_t g = 0; g < s.groups; ++g)
+    qgemm_pack_a(ctx, oc_g, K, w + g * oc_g * K, K,
+                 reinterpret_cast<int16_t*>(base + size_t(g) * a_bytes));
+  char* scratch = base + a_bytes * size_t(s.groups);
+  auto tile = [&](int64_t t, int thread) {
+    const int64_t p0 = (t % tiles) * pc, g = (t / tiles) % s.groups, n = t / (tiles * s.groups);
+    const int64_t cols = P - p0 < pc ? P - p0 : pc;
+    int8_t* col = reinterpret_cast<int8_t*>(scratch + size_t(thread) * per_thread);
+    const int8_t* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
+    for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col);
+    ConvEpilogue e{wsum + g * oc_g,
+                   mult + g * oc_g,
+                   bias + g * oc_g,
+                   xzp,
+                   q,
+                   y + (n * s.OC + g * oc_g) * P + p0,
+                   P};
+    qgemm_packed(oc_g, cols, K, reinterpret_cast<const int16_t*>(base + size_t(g) * a_bytes), col,
+                 cols, 1, reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64),
+                 conv_tile, &e);
+  };
+  ctx.parallel_for(s.N * s.groups * tiles, tile);
+  return Error::Ok;
+}
+
 }  // namespace
 
 Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
@@ -162,21 +202,28 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
   row_sums(ctx, s.OC, K, w, K, wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, K));
-  if (!wsm.ok()) return wsm.error();
-  void* gemm_ws = wsm.value();
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   int8_t* col = nullptr;
   int64_t pc = P;
   if (!pointwise) {
-    pc = kColTileBytes / K;
+    const int threads = ctx.num_threads();
+    pc = (threads <= 4 ? kColTileBytes : 4 * kColTileBytes / threads) / K;
     pc = pc < 64 ? 64 : (pc / 64) * 64;
+    // With threads, at least four tiles a thread where the plane has columns for them.
+    const int64_t share = (P / (4 * threads) + 63) / 64 * 64;
+    if (threads > 1 && share >= 64 && share < pc) pc = share;
     if (pc > P) pc = P;
+    const int64_t tiles = (P + pc - 1) / pc;
+    if (threads > 1 && tiles >= 2 * threads && qgemm_packs_whole_a(s.OC, K))
+      return conv_column_tiles(ctx, s, x, xzp, w, wsum, mult, bias_f, q, pc, y);
     Result<void*> tmp = ctx.allocate_temp(size_t(K * pc));
     if (!tmp.ok()) return tmp.error();
     col = static_cast<int8_t*>(tmp.value());
   }
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, K));
+  if (!wsm.ok()) return wsm.error();
+  void* gemm_ws = wsm.value();
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* xg = x + (n * s.C + g * cin_g) * HW;

@@ -175,7 +175,63 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
   return s;
 }
 
+// The rows of packed A that sliver t of `mr_total` rows reads: rows past the end repeat the
+// last row (their sums are not delivered).
+inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t Kp,
+                        const int16_t* ar[kMR]) {
+  for (int64_t i = 0; i < kMR; ++i) ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * Kp * 2;
+}
+
+// Columns [n_begin, n_end) of B times the M packed rows of A (rows m_base.. of the caller's
+// A), on the calling thread: each panel of kNR columns is packed into `panel`, then every
+// sliver of A runs over it.
+void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack, int64_t n_begin,
+                     int64_t n_end, const int8_t* B, int64_t b_sk, int64_t b_sn, int16_t* panel,
+                     QTileFn fn, void* ctx) {
+  const int64_t Kp = pairs(K);
+  alignas(64) int32_t tile[kMR * kNR];
+  const int16_t* ar[kMR];
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kNR) {
+    const int64_t nr = min64(kNR, n_end - n0);
+    pack_b(K, n0, nr, B, b_sk, b_sn, panel);
+    for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+      const int64_t mr = min64(kMR, M - m0);
+      sliver_rows(apack, m0 / kMR, mr, Kp, ar);
+      micro_kernel(Kp, ar, panel, tile);
+      fn(ctx, m_base + m0, n0, mr, nr, tile, kNR);
+    }
+  }
+}
+
 }  // namespace
+
+size_t qgemm_packed_a_bytes(int64_t M, int64_t K) {
+  return align64(size_t((M + kMR - 1) / kMR * kMR) * size_t(pairs(K > 0 ? K : 1)) * 4);
+}
+
+bool qgemm_packs_whole_a(int64_t M, int64_t K) {
+  return chunk_rows(M, K) >= M;
+}
+
+size_t qgemm_panel_bytes(int64_t K) {
+  return align64(size_t(pairs(K > 0 ? K : 1)) * kNR * 4);
+}
+
+void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
+                  int16_t* out) {
+  const int64_t Kp = pairs(K);
+  auto rows = [&](int64_t t, int) {
+    const int64_t m0 = t * kMR;
+    pack_a(K, m0, min64(kMR, M - m0), A, lda, out + t * Kp * kMR * 2);
+  };
+  kctx.parallel_for((M + kMR - 1) / kMR, rows);
+}
+
+void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
+                  int64_t b_sk, int64_t b_sn, int16_t* panel, QTileFn fn, void* ctx) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panel, fn, ctx);
+}
 
 size_t qgemm_workspace_bytes(int64_t M, int64_t K) {
   const size_t Kp = size_t(pairs(K > 0 ? K : 1));
@@ -232,11 +288,21 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
                                               align64(size_t(nc_max) * size_t(Kp) * 4));
   for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
     const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
-    auto pack_rows = [&](int64_t t, int) {
-      const int64_t m0 = mc0 + t * kMR;
-      pack_a(K, m0, min64(kMR, M - m0), A, lda, apack + t * Kp * kMR * 2);
-    };
-    kctx.parallel_for(slivers, pack_rows);
+    qgemm_pack_a(kctx, mc, K, A + mc0 * lda, lda, apack);
+    const int threads = kctx.num_threads();
+    const int64_t panels = (N + kNR - 1) / kNR;
+    if (threads > 1 && panels >= 4 * threads && nc_max / kNR >= threads) {
+      // Many columns: one loop in which the threads split runs of panels, each packing its
+      // panels into a panel of the B block's memory of its own.
+      const int64_t runs = min64(panels, 8 * int64_t(threads));
+      auto columns = [&](int64_t r, int thread) {
+        multiply_panels(mc0, mc, K, apack, panels * r / runs * kNR,
+                        min64(N, panels * (r + 1) / runs * kNR), B, b_sk, b_sn,
+                        bpack + thread * Kp * kNR * 2, fn, ctx);
+      };
+      kctx.parallel_for(runs, columns);
+      continue;
+    }
     for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
       const int64_t nc = min64(nc_max, N - n0);
       auto pack = [&](int64_t panel, int) {
@@ -247,10 +313,8 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
       auto rows = [&](int64_t t, int) {
         alignas(64) int32_t tile[kMR * kNR];
         const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
-        // Rows past the end of A repeat the last row (their sums are not delivered).
         const int16_t* ar[kMR];
-        for (int64_t i = 0; i < kMR; ++i)
-          ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * Kp * 2;
+        sliver_rows(apack, t, mr, Kp, ar);
         for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
           micro_kernel(Kp, ar, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
           fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);

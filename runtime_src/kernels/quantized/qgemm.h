@@ -28,6 +28,19 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t K);
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
            const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
 
+/// For callers that multiply one A by many Bs (a convolution's column tiles, split over the
+/// threads): A widened once by qgemm_pack_a into qgemm_packed_a_bytes(M, K), then each
+/// product on the calling thread by qgemm_packed with a panel of qgemm_panel_bytes(K) of its
+/// own (K >= 1). Sums equal qgemm's. qgemm_packs_whole_a says whether A is small enough (qgemm
+/// itself packs bigger ones in chunks of rows).
+bool qgemm_packs_whole_a(int64_t M, int64_t K);
+size_t qgemm_packed_a_bytes(int64_t M, int64_t K);
+size_t qgemm_panel_bytes(int64_t K);
+void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
+                  int16_t* out);
+void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
+                  int64_t b_sk, int64_t b_sn, int16_t* panel, QTileFn fn, void* ctx);
+
 /// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row; the
 /// rows are split over kctx's threads.
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
