@@ -397,6 +397,13 @@ def test_add_broadcast(rt, pipeline_program, seed):
     run_exact(rt, pipeline_program, module, [i8(a, gen), i8(b, gen)])
 
 
+def test_add_same_shape_rows_of_vectors_and_a_tail(rt, pipeline_program):
+    """Contiguous operands: 8 lanes at a time, then the last 3 elements one by one."""
+    gen = torch.Generator().manual_seed(5)
+    module = Op(lambda m, x, y: Q.add(x, 0.07, -5, y, 0.03, 11, 0.09, -3, -100, 120))
+    run_exact(rt, pipeline_program, module, [i8((4, 83), gen), i8((4, 83), gen)])
+
+
 @pytest.mark.parametrize(
     "shape,dims,keepdim",
     [

@@ -42,14 +42,10 @@ struct ConvEpilogue {
 void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
                int64_t ld) {
   const ConvEpilogue& e = *static_cast<const ConvEpilogue*>(ctx);
-  const OutQuant q = e.q;
   for (int64_t i = 0; i < mr; ++i) {
     const int64_t m = m0 + i;
-    const int32_t corr = e.xzp * e.wsum[m];
-    const float mu = e.mult[m], b = e.bias[m];
-    const int32_t* __restrict a = acc + i * ld;
-    int8_t* __restrict o = e.out + m * e.ldo + n0;
-    for (int64_t j = 0; j < nr; ++j) o[j] = quantize_one(float(a[j] - corr) * mu + b, q);
+    requantize_row(acc + i * ld, nr, e.xzp * e.wsum[m], e.mult[m], e.bias[m], e.q,
+                   e.out + m * e.ldo + n0);
   }
 }
 

@@ -77,20 +77,14 @@ inline __m256i load16(const int16_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// quantize_one(float(acc) * mu + b, q) on 8 lanes, the same float32 operations in the same
-// order: _mm256_max_ps(r, lo) is r > lo ? r : lo (NaN -> lo), _mm256_min_ps(r, hi) likewise.
+// quantize_one(float(acc) * mu + b, q) on 8 lanes (requant.h's quantize8).
 struct QuantV {
-  __m256 mu, b, inv, zp, lo, hi;
+  __m256 mu, b;
+  OutQuant8 q;
 };
 
 inline __m256i requant8(__m256i acc, const QuantV& v) {
-  const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), v.mu), v.b);
-  __m256 r =
-      _mm256_round_ps(_mm256_mul_ps(y, v.inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  r = _mm256_add_ps(r, v.zp);
-  r = _mm256_max_ps(r, v.lo);
-  r = _mm256_min_ps(r, v.hi);
-  return _mm256_cvttps_epi32(r);  // integral and within [-128, 127]
+  return quantize8(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), v.mu), v.b), v.q);
 }
 
 // d[i] = src[i] - zp for i < n; the last vector overlaps the previous one instead of a tail.
@@ -129,8 +123,7 @@ void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, 
       wv[kh][m] = _mm256_set1_epi32(int32_t(lo | (hi << 16)));
     }
   }
-  const QuantV v{_mm256_set1_ps(mu),   _mm256_set1_ps(b),    _mm256_set1_ps(q.inv),
-                 _mm256_set1_ps(q.zp), _mm256_set1_ps(q.lo), _mm256_set1_ps(q.hi)};
+  const QuantV v{_mm256_set1_ps(mu), _mm256_set1_ps(b), OutQuant8(q)};
   for (int64_t q0 = 0; q0 < nq; q0 += kBlock) {
     // S == 1: a0 holds outputs q0 + 0, 2, ..., 14 and a1 q0 + 1, 3, ..., 15;
     // S == 2: a0 holds outputs q0 + 0..7 and a1 q0 + 8..15.

@@ -31,7 +31,12 @@ Error quantize_per_tensor_out(KernelContext& ctx, const Tensor& input, double sc
   const float* __restrict x = input.data_as<float>();
   int8_t* __restrict y = out.data_as<int8_t>();
   native::parallel_range(ctx, input.numel(), 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) y[i] = quantize_one(x[i], q);
+    int64_t i = b;
+#if defined(__AVX2__)
+    const OutQuant8 v(q);
+    for (; i + 8 <= e; i += 8) store_int8x8(quantize8(_mm256_loadu_ps(x + i), v), y + i);
+#endif
+    for (; i < e; ++i) y[i] = quantize_one(x[i], q);
   });
   return Error::Ok;
 }
@@ -87,7 +92,22 @@ Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t
     const int8_t* x0 = a + oa;
     const int8_t* x1 = b + ob;
     if (sa == 1 && sb == 1) {
-      for (int64_t i = 0; i < n; ++i) {
+      int64_t i = 0;
+#if defined(__AVX2__)
+      const OutQuant8 v(q);
+      const __m256i azv = _mm256_set1_epi32(az), bzv = _mm256_set1_epi32(bz);
+      const __m256 asv = _mm256_set1_ps(as), bsv = _mm256_set1_ps(bs);
+      for (; i + 8 <= n; i += 8) {
+        const __m256i ia =
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x0 + i)));
+        const __m256i ib =
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x1 + i)));
+        const __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia, azv)), asv);
+        const __m256 fb = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ib, bzv)), bsv);
+        store_int8x8(quantize8(_mm256_add_ps(fa, fb), v), o + i);
+      }
+#endif
+      for (; i < n; ++i) {
         const float fa = float(int32_t(x0[i]) - az) * as;
         const float fb = float(int32_t(x1[i]) - bz) * bs;
         o[i] = quantize_one(fa + fb, q);

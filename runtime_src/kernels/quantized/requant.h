@@ -7,6 +7,10 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -27,6 +31,55 @@ inline int8_t quantize_one(float y, const OutQuant& q) {
   r = r > q.lo ? r : q.lo;
   r = r < q.hi ? r : q.hi;
   return int8_t(int32_t(r));
+}
+
+#if defined(__AVX2__)
+/// OutQuant broadcast to 8 lanes.
+struct OutQuant8 {
+  __m256 inv, zp, lo, hi;
+  explicit OutQuant8(const OutQuant& q)
+      : inv(_mm256_set1_ps(q.inv)),
+        zp(_mm256_set1_ps(q.zp)),
+        lo(_mm256_set1_ps(q.lo)),
+        hi(_mm256_set1_ps(q.hi)) {}
+};
+
+/// quantize_one on 8 lanes, the same float32 operations in the same order, as int32 lanes:
+/// _mm256_max_ps(r, lo) is r > lo ? r : lo (NaN -> lo), _mm256_min_ps(r, hi) likewise.
+inline __m256i quantize8(__m256 y, const OutQuant8& v) {
+  __m256 r =
+      _mm256_round_ps(_mm256_mul_ps(y, v.inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_add_ps(r, v.zp);
+  r = _mm256_max_ps(r, v.lo);
+  r = _mm256_min_ps(r, v.hi);
+  return _mm256_cvttps_epi32(r);  // integral and within [-128, 127]
+}
+
+/// Stores 8 int32 lanes that lie within [-128, 127] as 8 int8.
+inline void store_int8x8(__m256i lanes, int8_t* out) {
+  const __m128i w =
+      _mm_packs_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(w, w));
+}
+#endif
+
+/// out[j] = quantize_one(float(acc[j] - corr) * mu + b, q) for j < n: a row of a GEMM tile
+/// requantized per output channel.
+inline void requantize_row(const int32_t* __restrict acc, int64_t n, int32_t corr, float mu,
+                           float b, const OutQuant& q, int8_t* __restrict out) {
+  int64_t j = 0;
+#if defined(__AVX2__)
+  const OutQuant8 v(q);
+  const __m256i c = _mm256_set1_epi32(corr);
+  const __m256 muv = _mm256_set1_ps(mu), bv = _mm256_set1_ps(b);
+  for (; j + 8 <= n; j += 8) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + j));
+    const __m256 y =
+        _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(a, c)), muv), bv);
+    store_int8x8(quantize8(y, v), out + j);
+  }
+#endif
+  for (; j < n; ++j) out[j] = quantize_one(float(acc[j] - corr) * mu + b, q);
 }
 
 /// Checks an output scale and clamp bounds and builds the OutQuant; `op` names the kernel.
