@@ -175,8 +175,8 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
   return s;
 }
 
-// The rows of packed A that sliver t of `mr_total` rows reads: rows past the end repeat the
-// last row (their sums are not delivered).
+// The rows of packed A that sliver t (mr of its rows within A) reads: rows past the end
+// repeat the last row (their sums are not delivered).
 inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t Kp,
                         const int16_t* ar[kMR]) {
   for (int64_t i = 0; i < kMR; ++i) ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * Kp * 2;

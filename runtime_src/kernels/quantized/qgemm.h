@@ -23,8 +23,9 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t K);
 /// A is row-major with leading dimension lda (the weights); element (k, n) of B is
 /// B[k * b_sk + n * b_sn] (so a convolution's [K x P] input and a linear layer's transposed
 /// [N x K] input are both views).
-/// The rows of tiles are split over kctx's threads, so `fn` is called from several threads at
-/// once (for distinct tiles); the sums do not depend on the thread count.
+/// The tiles are split over kctx's threads (by rows, or by columns when there are many),
+/// so `fn` is called from several threads at once (for distinct tiles); the sums do not
+/// depend on the thread count.
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
            const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
 
