@@ -177,6 +177,12 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
     ],
 )
 def test_conv2d_paths(rt, pipeline_program, shape):
+    run_conv_shape(rt, pipeline_program, shape)
+
+
+def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
+    """A convolution of shape (N, C, H, W, OC, k, stride, pad, groups), seeded by its shape,
+    run at `threads` threads against the reference."""
     n, c, h, w, oc, k, s, p, g = shape
     gen = torch.Generator().manual_seed(sum(shape))
     rng = random.Random(sum(shape))
@@ -184,7 +190,7 @@ def test_conv2d_paths(rt, pipeline_program, shape):
                 ws=weight_scales(rng, gen, oc), b=torch.randn(oc, generator=gen),
                 stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.5 + c / 10,
                 ozp=4, lo=-128, hi=127)  # fmt: skip
-    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)])
+    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)], threads)
 
 
 @pytest.mark.parametrize(
@@ -199,14 +205,7 @@ def test_conv2d_paths(rt, pipeline_program, shape):
 )
 @pytest.mark.parametrize("threads", [2, 3, 4])
 def test_conv2d_split_over_threads_is_exact(rt, pipeline_program, shape, threads):
-    n, c, h, w, oc, k, s, p, g = shape
-    gen = torch.Generator().manual_seed(sum(shape))
-    rng = random.Random(sum(shape))
-    args = dict(xs=0.04, xzp=-9, w=i8((oc, c // g, k, k), gen, -127, 127),
-                ws=weight_scales(rng, gen, oc), b=torch.randn(oc, generator=gen),
-                stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.3 + c / 20,
-                ozp=4, lo=-128, hi=127)  # fmt: skip
-    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)], threads)
+    run_conv_shape(rt, pipeline_program, shape, threads)
 
 
 def test_conv2d_large_accumulators_round_like_the_reference(rt, pipeline_program):
