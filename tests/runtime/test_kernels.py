@@ -121,6 +121,23 @@ UNARY = {
     "softmax_0": lambda m, x: torch.softmax(x, 0),
     "mean_last": lambda m, x: x.mean(-1),
     "mean_keep": lambda m, x: x.mean((0, 2), keepdim=True),
+    "exp": lambda m, x: torch.exp(x / 3),
+    "log": lambda m, x: torch.log(x.abs() + 0.1),
+    "sqrt": lambda m, x: torch.sqrt(x.abs()),
+    "rsqrt": lambda m, x: torch.rsqrt(x.abs() + 0.1),
+    "abs": lambda m, x: x.abs(),
+    "neg": lambda m, x: -x,
+    "silu": lambda m, x: nn.functional.silu(x),  # sigmoid times x after decomposition
+    "pow2": lambda m, x: x**2,
+    "pow3": lambda m, x: torch.pow(x, 3),
+    "pow_half": lambda m, x: (x.abs() + 0.1) ** 0.5,
+    "pow_inverse": lambda m, x: (x.abs() + 0.5) ** -1,
+    "pow_general": lambda m, x: (x.abs() + 0.1) ** 1.7,
+    "amax_last": lambda m, x: x.amax(-1),
+    "amax_keep": lambda m, x: x.amax((0, 2), keepdim=True),
+    "amax_all": lambda m, x: torch.amax(x, dim=()),
+    "amin_middle": lambda m, x: x.amin(1),
+    "amin_outer_keep": lambda m, x: x.amin((0, 1), keepdim=True),
 }
 
 
@@ -129,6 +146,18 @@ def test_unary(rt, pipeline_program, op):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 7, 5, generator=gen) * 3
     _run_case(rt, pipeline_program, Fn(UNARY[op]), [x])
+
+
+@pytest.mark.parametrize("op", ["amax", "amin"])
+def test_amax_amin_propagate_nan(rt, pipeline_program, op):
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(4))
+    x[1, 0] = float("nan")  # a NaN first in its row
+    x[2, 4] = float("nan")  # and one later in its row
+    fn = Fn(lambda m, x: getattr(torch, op)(x, 1))
+    got = rt.load(str(pipeline_program(fn, [x]))).run([x])[0]
+    want = getattr(torch, op)(x, 1)
+    assert torch.equal(got.isnan(), want.isnan()) and want.isnan().sum() == 2
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
 def test_layer_norm(rt, pipeline_program):

@@ -275,5 +275,44 @@ Error tanh_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   return unary_float(ctx, "tanh", self, out, [](float v) { return std::tanh(v); });
 }
 
+Error exp_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "exp", self, out, [](float v) { return std::exp(v); });
+}
+
+Error log_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "log", self, out, [](float v) { return std::log(v); });
+}
+
+Error sqrt_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "sqrt", self, out, [](float v) { return std::sqrt(v); });
+}
+
+Error rsqrt_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "rsqrt", self, out, [](float v) { return 1.f / std::sqrt(v); });
+}
+
+Error abs_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "abs", self, out, [](float v) { return std::fabs(v); });
+}
+
+Error neg_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "neg", self, out, [](float v) { return -v; });
+}
+
+Error pow_tensor_scalar_out(KernelContext& ctx, const Tensor& self, const Scalar& exponent,
+                            Tensor& out) {
+  if (!exponent.is_int() && !exponent.is_double())
+    return fail(Error::InvalidArgument, "pow: the exponent must be a number");
+  const double e = exponent.to_double();
+  // The exponents models use most, computed as torch computes them (exactly, not by powf).
+  if (e == 1.0) return unary_float(ctx, "pow", self, out, [](float v) { return v; });
+  if (e == 2.0) return unary_float(ctx, "pow", self, out, [](float v) { return v * v; });
+  if (e == 3.0) return unary_float(ctx, "pow", self, out, [](float v) { return v * v * v; });
+  if (e == 0.5) return unary_float(ctx, "pow", self, out, [](float v) { return std::sqrt(v); });
+  if (e == -1.0) return unary_float(ctx, "pow", self, out, [](float v) { return 1.f / v; });
+  const float ef = float(e);
+  return unary_float(ctx, "pow", self, out, [ef](float v) { return std::pow(v, ef); });
+}
+
 }  // namespace native
 }  // namespace etb

@@ -101,36 +101,116 @@ Error native_layer_norm_out(KernelContext& ctx, const Tensor& input,
   return Error::Ok;
 }
 
+namespace {
+
+// A reduction over some dims of a tensor: which dims go, the output's sizes, and how many
+// input elements each output element reduces.
+struct Reduction {
+  bool reduce[kMaxDim] = {};
+  int64_t osz[kMaxDim] = {};
+  int od = 0;
+  int64_t count = 1;
+};
+
+// The dims of `dims` (every dim when `dims` is empty) removed from self, or kept as size 1.
+Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim, const char* op,
+                     Reduction* r) {
+  const int nd = self.dim();
+  if (dims.size() == 0) {
+    for (int i = 0; i < nd; ++i) r->reduce[i] = true;
+  } else {
+    for (int64_t d : dims) {
+      int64_t w = 0;
+      ETB_TRY(wrap_dim(d, nd, &w, op));
+      if (nd > 0) {
+        if (r->reduce[w])
+          return fail(Error::InvalidArgument, "%s: dim %lld repeated", op, (long long)d);
+        r->reduce[w] = true;
+      }
+    }
+  }
+  for (int i = 0; i < nd; ++i) {
+    if (r->reduce[i]) {
+      r->count *= self.size(i);
+      if (keepdim) r->osz[r->od++] = 1;
+    } else {
+      r->osz[r->od++] = self.size(i);
+    }
+  }
+  return Error::Ok;
+}
+
+// amax / amin: the largest (smallest) element of each reduced group; NaN wins, as in torch.
+template <bool kMax>
+Error extremum(const KernelContext& ctx, const char* op, const Tensor& self,
+               Span<const int64_t> dims, bool keepdim, Tensor& out) {
+  Reduction r;
+  ETB_TRY(plan_reduction(self, dims, keepdim, op, &r));
+  if (r.count == 0)
+    return fail(Error::InvalidArgument, "%s: cannot reduce over a dim of size 0", op);
+  ETB_TRY(resize_to(out, r.osz, r.od));
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  // The kept and the reduced dims, outermost first: output element o starts at the input
+  // offset of its kept index, and its group is every reduced index added to that.
+  const int nd = self.dim();
+  int kept[kMaxDim], red[kMaxDim], nk = 0, nr = 0;
+  for (int i = 0; i < nd; ++i) {
+    if (r.reduce[i])
+      red[nr++] = i;
+    else
+      kept[nk++] = i;
+  }
+  auto offset = [&](const int* ds, int n, int64_t index) {
+    int64_t off = 0;
+    for (int k = n - 1; k >= 0; --k) {
+      off += (index % self.size(ds[k])) * self.stride(ds[k]);
+      index /= self.size(ds[k]);
+    }
+    return off;
+  };
+  // The reduced dims are the innermost ones: each group is a contiguous run.
+  const bool runs = nr == 0 || (red[0] == nd - nr && self.stride(nd - 1) == 1);
+  parallel_range(ctx, out.numel(), r.count, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int64_t base = offset(kept, nk, o);
+      float best = x[base];
+      for (int64_t j = 1; j < r.count; ++j) {
+        const float v = x[base + (runs ? j : offset(red, nr, j))];
+        // v replaces best when it is NaN or beyond best, unless best is already NaN.
+        if (best == best && (kMax ? !(v <= best) : !(v >= best))) best = v;
+      }
+      y[o] = best;
+    }
+  });
+  return Error::Ok;
+}
+
+}  // namespace
+
+Error amax_out(KernelContext& ctx, const Tensor& self, Span<const int64_t> dim, bool keepdim,
+               Tensor& out) {
+  return extremum<true>(ctx, "amax", self, dim, keepdim, out);
+}
+
+Error amin_out(KernelContext& ctx, const Tensor& self, Span<const int64_t> dim, bool keepdim,
+               Tensor& out) {
+  return extremum<false>(ctx, "amin", self, dim, keepdim, out);
+}
+
 Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
                bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
   if (dtype.has_value && dtype.value != ScalarType::Float)
     return fail(Error::NotSupported, "mean: dtype %s is not supported",
                 scalar_type_name(dtype.value));
   const int nd = self.dim();
-  bool reduce[kMaxDim] = {};
-  if (!dim.has_value || dim.value.size() == 0) {
-    for (int i = 0; i < nd; ++i) reduce[i] = true;
-  } else {
-    for (int64_t d : dim.value) {
-      int64_t w = 0;
-      ETB_TRY(wrap_dim(d, nd, &w, "mean"));
-      if (nd > 0) {
-        if (reduce[w]) return fail(Error::InvalidArgument, "mean: dim %lld repeated", (long long)d);
-        reduce[w] = true;
-      }
-    }
-  }
-  int64_t osz[kMaxDim];
-  int od = 0;
-  int64_t count = 1;
-  for (int i = 0; i < nd; ++i) {
-    if (reduce[i]) {
-      count *= self.size(i);
-      if (keepdim) osz[od++] = 1;
-    } else {
-      osz[od++] = self.size(i);
-    }
-  }
+  Reduction plan;
+  ETB_TRY(plan_reduction(self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim, "mean",
+                         &plan));
+  const bool* reduce = plan.reduce;
+  const int64_t* osz = plan.osz;
+  const int od = plan.od;
+  const int64_t count = plan.count;
   ETB_TRY(resize_to(out, osz, od));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
