@@ -229,6 +229,12 @@ _TYPES: dict[str, tuple[str, str, str]] = {
         "({v}.is_double() ? Optional<double>({v}.to_double()) : Optional<double>())",
     ),
     "float[]": ("Span<const double>", "{v}.is_double_list()", "{v}.to_double_list()"),
+    "float[]?": (
+        "Optional<Span<const double>>",
+        "({v}.is_double_list() || {v}.is_none())",
+        "({v}.is_double_list() ? Optional<Span<const double>>({v}.to_double_list()) "
+        ": Optional<Span<const double>>())",
+    ),
     "str": (
         "Span<const char>",
         "{v}.is_string()",

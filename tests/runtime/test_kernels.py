@@ -160,6 +160,23 @@ def test_amax_amin_propagate_nan(rt, pipeline_program, op):
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(scale_factor=2),  # exact doubling
+        dict(scale_factor=3),
+        dict(scale_factor=(1.5, 2.5)),
+        dict(size=(7, 11)),
+        dict(size=(3, 4)),  # smaller than the input
+        dict(size=(5, 6)),  # the same size
+    ],
+)
+def test_interpolate_nearest(rt, pipeline_program, kwargs):
+    x = torch.randn(2, 3, 5, 6, generator=torch.Generator().manual_seed(6))
+    fn = Fn(lambda m, x: nn.functional.interpolate(x, mode="nearest", **kwargs) * 2 - 1)
+    _run_case(rt, pipeline_program, fn, [x])
+
+
 def test_layer_norm(rt, pipeline_program):
     m = nn.LayerNorm(9)
     with torch.no_grad():
