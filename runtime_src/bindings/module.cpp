@@ -125,8 +125,12 @@ nb::dict tensor_info_dict(const etb::TensorInfo& info) {
 
 class PyProgram {
  public:
-  PyProgram(const std::string& path, int threads) {
+  PyProgram(const std::string& path, int threads, int64_t instruction_budget)
+      : budget_(uint64_t(instruction_budget)) {
     if (threads < 1) throw Error("threads must be >= 1, got " + std::to_string(threads));
+    if (instruction_budget < 0)
+      throw Error("instruction_budget must be >= 1 (0: the program's default), got " +
+                  std::to_string(instruction_budget));
     if (threads > etb::ThreadPool::kMaxThreads)
       throw Error("threads must be <= " + std::to_string(etb::ThreadPool::kMaxThreads) +
                   ", got " + std::to_string(threads));
@@ -217,6 +221,7 @@ class PyProgram {
     if (!m.ok()) raise(m.error());
     st->method.emplace(std::move(m.value()));
     st->method->set_parallel(pool_.get());
+    st->method->set_instruction_budget(budget_);
     methods_[name] = std::move(st);
   }
 
@@ -306,6 +311,7 @@ class PyProgram {
 
  private:
   std::unique_ptr<etb::ThreadPool> pool_;  // outlives the methods (declared first)
+  uint64_t budget_ = 0;  // instructions a run may execute (0: the program's default)
   std::unique_ptr<etb::FileDataLoader> loader_;
   std::optional<etb::Program> program_;
   std::map<std::string, std::unique_ptr<MethodState>> methods_;
@@ -336,9 +342,14 @@ NB_MODULE(runtime, m) {
                    "(op name, seconds) per instruction of the last run(profile=True).");
 
   m.def(
-      "load", [](const std::string& path, int threads) { return new PyProgram(path, threads); },
-      nb::arg("path"), nb::arg("threads") = 1,
-      "Load a program file (memory-mapped); its kernels split their work over `threads`.");
+      "load",
+      [](const std::string& path, int threads, int64_t instruction_budget) {
+        return new PyProgram(path, threads, instruction_budget);
+      },
+      nb::arg("path"), nb::arg("threads") = 1, nb::arg("instruction_budget") = 0,
+      "Load a program file (memory-mapped); its kernels split their work over `threads`, and a "
+      "run stops with an error after `instruction_budget` instructions (0: the program's "
+      "default, which only a looping program can reach).");
   m.def("registered_kernels", []() {
     std::vector<std::string> names;
     for (const etb::Kernel& k : etb::registered_kernels()) names.emplace_back(k.name);

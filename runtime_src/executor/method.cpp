@@ -616,6 +616,11 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
   fuse_activations(m.instrs_, pc, m.op_names_, values, m.inputs_, m.num_inputs_, m.outputs_,
                    m.num_outputs_);
   m.temp_ = memory.temp_allocator;
+  bool loops = false;  // a jump back can repeat instructions
+  for (size_t i = 0; i < pc; ++i)
+    loops = loops || (m.instrs_[i].kind == Method::Kind::JumpFalse && size_t(m.instrs_[i].b) <= i);
+  m.default_budget_ = uint64_t(pc) * (loops ? Method::kLoopBudgetFactor : 1);
+  m.budget_ = m.default_budget_;
   return Result<Method>(static_cast<Method&&>(m));
 }
 
@@ -630,7 +635,7 @@ Method::Method(Method&& o) noexcept
       delegates_(o.delegates_), num_delegates_(o.num_delegates_), temp_(o.temp_),
       parallel_(o.parallel_),
       profile_(o.profile_), profile_capacity_(o.profile_capacity_),
-      profile_count_(o.profile_count_) {
+      profile_count_(o.profile_count_), default_budget_(o.default_budget_), budget_(o.budget_) {
   o.num_delegates_ = 0;
   o.delegates_ = nullptr;
 }
@@ -725,7 +730,14 @@ Error Method::execute() {
     if (!input_set_[i]) return fail(Error::InvalidArgument, "input %zu was not set", i);
   profile_count_ = 0;
   size_t pc = 0;
+  uint64_t steps = 0;
   while (pc < num_instrs_) {
+    if (++steps > budget_)
+      return fail(Error::InvalidProgram,
+                  "instruction %zu: the method ran %llu instructions, its budget: a jump in the "
+                  "program loops (if the loop is meant to run longer, raise the budget: "
+                  "etb_runner --instruction-budget N, load(path, instruction_budget=N))",
+                  pc, (unsigned long long)budget_);
     const Instr& in = instrs_[pc];
     const uint64_t t0 = profile_ != nullptr ? platform_now_ns() : 0;
     size_t next = pc + 1;

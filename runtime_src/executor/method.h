@@ -53,6 +53,16 @@ class Method {
   /// default). The Parallel must outlive the calls to execute().
   void set_parallel(Parallel* parallel) { parallel_ = parallel; }
 
+  /// Most instructions one execute() runs before it stops with an error, so that a program
+  /// whose jumps loop forever cannot hang its caller. 0 restores the default, derived from the
+  /// program: its instruction count when no jump goes backwards (nothing can repeat), else
+  /// kLoopBudgetFactor times that.
+  void set_instruction_budget(uint64_t budget) {
+    budget_ = budget != 0 ? budget : default_budget_;
+  }
+  uint64_t instruction_budget() const { return budget_; }
+  static constexpr uint64_t kLoopBudgetFactor = uint64_t(1) << 16;
+
   /// Records per-instruction times into `events` (up to `capacity`) on each execute();
   /// pass nullptr to turn profiling off (the default).
   void set_profiler(ProfileEvent* events, size_t capacity) {
@@ -108,6 +118,8 @@ class Method {
   ProfileEvent* profile_ = nullptr;
   size_t profile_capacity_ = 0;
   size_t profile_count_ = 0;
+  uint64_t default_budget_ = 0;
+  uint64_t budget_ = 0;
 };
 
 }  // namespace etb

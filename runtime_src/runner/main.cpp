@@ -93,7 +93,9 @@ int usage() {
   fprintf(stderr,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
           "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
+          "                  [--instruction-budget N]\n"
           "       etb_runner --isa\n"
+          "--instruction-budget stops a run after N instructions (default: from the program)\n"
           "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
           "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n");
   return 2;
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
   const char* method_name = "forward";
   std::vector<const char*> input_paths;
   int iters = 10, warmup = 1, threads = 1;
+  long long budget = 0;  // 0: the program's default
   bool profile = false;
   const char* output_dir = nullptr;
   for (int i = 2; i < argc; ++i) {
@@ -122,7 +125,12 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--profile")) profile = true;
     else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) output_dir = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--instruction-budget") && i + 1 < argc) budget = atoll(argv[++i]);
     else return usage();
+  }
+  if (budget < 0) {
+    fprintf(stderr, "etb_runner: --instruction-budget must be >= 1 (0: the program's default)\n");
+    return 2;
   }
   if (threads < 1 || threads > etb::ThreadPool::kMaxThreads) {
     fprintf(stderr, "etb_runner: --threads must be 1 to %d\n", etb::ThreadPool::kMaxThreads);
@@ -169,6 +177,7 @@ int main(int argc, char** argv) {
   mm.temp_allocator = &temp_alloc;
   etb::Result<etb::Method> method = program->load_method(method_name, mm);
   if (!method.ok()) return die("init");
+  method->set_instruction_budget(uint64_t(budget));
   std::unique_ptr<etb::ThreadPool> pool;
   if (threads > 1) {
     pool = std::make_unique<etb::ThreadPool>(threads);

@@ -74,6 +74,90 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-4) -> 
     assert err <= rel * scale, f"max abs error {err} > {rel} * {scale}"
 
 
+def _ev(kind, payload):
+    from etbuild.schema import EValue, KernelTypes
+
+    e = EValue.EValueT()
+    e.valType = getattr(KernelTypes.KernelTypes, kind)
+    e.val = payload
+    return e
+
+
+def _tensor(offset):
+    """A Float [2, 3] tensor at `offset` in memory bank 1."""
+    from etbuild.schema import AllocationDetails, Tensor
+
+    t = Tensor.TensorT()
+    t.scalarType = 6
+    t.sizes = [2, 3]
+    t.dimOrder = [0, 1]
+    a = AllocationDetails.AllocationDetailsT()
+    a.memoryId, a.memoryOffsetLow, a.memoryOffsetHigh = 1, offset, 0
+    t.allocationInfo = a
+    return _ev("Tensor", t)
+
+
+def _scalar(cls, field, value, kind):
+    obj = cls()
+    setattr(obj, field, value)
+    return _ev(kind, obj)
+
+
+def _instr(kind, obj):
+    from etbuild.schema import Instruction, InstructionArguments
+
+    i = Instruction.InstructionT()
+    i.instrArgsType = getattr(InstructionArguments.InstructionArguments, kind)
+    i.instrArgs = obj
+    return i
+
+
+def write_loop_program(path: Path, jump_back: bool) -> Path:
+    """A hand-built program ``y = x + x`` then a jump on a false condition: back to the add
+    (a loop that never ends) when `jump_back`, else past the end. Float [2, 3] in and out."""
+    from etbuild.pipeline import pte
+    from etbuild.schema import (
+        Bool,
+        Chain,
+        ExecutionPlan,
+        Int,
+        JumpFalseCall,
+        KernelCall,
+        Operator,
+        Program,
+    )
+
+    values = [
+        _tensor(0),  # 0 x
+        _tensor(32),  # 1 y
+        _scalar(Bool.BoolT, "boolVal", False, "Bool"),  # 2 cond
+        _scalar(Int.IntT, "intVal", 1, "Int"),  # 3 alpha
+    ]
+    add = KernelCall.KernelCallT()
+    add.opIndex, add.args = 0, [0, 0, 3, 1, 1]
+    jf = JumpFalseCall.JumpFalseCallT()
+    jf.condValueIndex, jf.destinationInstruction = 2, 0 if jump_back else 2
+    chain = Chain.ChainT()
+    chain.inputs, chain.outputs = [0], [1]
+    chain.instructions = [_instr("KernelCall", add), _instr("JumpFalseCall", jf)]
+    op = Operator.OperatorT()
+    op.name, op.overload = "aten::add", "out"
+    plan = ExecutionPlan.ExecutionPlanT()
+    plan.name = "forward"
+    plan.values = values
+    plan.inputs, plan.outputs = [0], [1]
+    plan.chains = [chain]
+    plan.operators = [op]
+    plan.delegates = []
+    plan.nonConstBufferSizes = [0, 64]
+    prog = Program.ProgramT()
+    prog.version = 0
+    prog.executionPlan = [plan]
+    prog.segments = []
+    path.write_bytes(pte.serialize(prog, [], 16))
+    return path
+
+
 def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = "EtbTestBackend"):
     """A hand-built program exercising a delegate call, a conditional jump, a move, a free and
     a kernel call: ``tmp = delegate(x)`` (x * scale); when ``cond`` is true ``y = x + x`` runs
@@ -83,7 +167,6 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
 
     from etbuild.pipeline import pte
     from etbuild.schema import (
-        AllocationDetails,
         BackendDelegate,
         BackendDelegateDataReference,
         BackendDelegateInlineData,
@@ -91,56 +174,24 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
         Chain,
         CompileSpec,
         DelegateCall,
-        EValue,
         ExecutionPlan,
         FreeCall,
-        Instruction,
-        InstructionArguments,
         Int,
         JumpFalseCall,
         KernelCall,
-        KernelTypes,
         MoveCall,
         Null,
         Operator,
         Program,
-        Tensor,
     )
 
-    def ev(kind, payload):
-        e = EValue.EValueT()
-        e.valType = getattr(KernelTypes.KernelTypes, kind)
-        e.val = payload
-        return e
-
-    def tensor(offset):
-        t = Tensor.TensorT()
-        t.scalarType = 6
-        t.sizes = [2, 3]
-        t.dimOrder = [0, 1]
-        a = AllocationDetails.AllocationDetailsT()
-        a.memoryId, a.memoryOffsetLow, a.memoryOffsetHigh = 1, offset, 0
-        t.allocationInfo = a
-        return ev("Tensor", t)
-
-    def scalar(cls, field, value, kind):
-        obj = cls()
-        setattr(obj, field, value)
-        return ev(kind, obj)
-
-    def instr(kind, obj):
-        i = Instruction.InstructionT()
-        i.instrArgsType = getattr(InstructionArguments.InstructionArguments, kind)
-        i.instrArgs = obj
-        return i
-
     values = [
-        tensor(0),  # 0 x
-        tensor(32),  # 1 y
-        tensor(64),  # 2 tmp
-        scalar(Bool.BoolT, "boolVal", cond, "Bool"),  # 3 cond
-        scalar(Int.IntT, "intVal", 1, "Int"),  # 4 alpha
-        ev("Null", Null.NullT()),  # 5 move target
+        _tensor(0),  # 0 x
+        _tensor(32),  # 1 y
+        _tensor(64),  # 2 tmp
+        _scalar(Bool.BoolT, "boolVal", cond, "Bool"),  # 3 cond
+        _scalar(Int.IntT, "intVal", 1, "Int"),  # 4 alpha
+        _ev("Null", Null.NullT()),  # 5 move target
     ]
     dc = DelegateCall.DelegateCallT()
     dc.delegateIndex, dc.args = 0, [0, 2]
@@ -157,12 +208,12 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
     chain = Chain.ChainT()
     chain.inputs, chain.outputs = [0], [1]
     chain.instructions = [
-        instr("DelegateCall", dc),
-        instr("JumpFalseCall", jf),
-        instr("KernelCall", k1),
-        instr("MoveCall", mv),
-        instr("KernelCall", k2),
-        instr("FreeCall", fr),
+        _instr("DelegateCall", dc),
+        _instr("JumpFalseCall", jf),
+        _instr("KernelCall", k1),
+        _instr("MoveCall", mv),
+        _instr("KernelCall", k2),
+        _instr("FreeCall", fr),
     ]
     op = Operator.OperatorT()
     op.name, op.overload = "aten::add", "out"

@@ -189,3 +189,36 @@ def test_bit_flips_never_crash(zoo_build, tmp_path, model, count):
     )
     assert res.returncode == 0, f"crashed (rc={res.returncode}): {res.stderr[-2000:]}"
     assert "'error'" in res.stdout
+
+
+@pytest.mark.parametrize("budget", [0, 1000])
+def test_a_looping_program_stops_at_its_instruction_budget(rt, tmp_path, budget):
+    """A jump back on a condition that never changes loops forever: the run stops with an
+    error after the budget (the program's default for 0) instead of hanging."""
+    from rt_helpers import write_loop_program
+
+    x = torch.randn(2, 3)
+    prog = rt.load(str(write_loop_program(tmp_path / "loop.pte", jump_back=True)),
+                   instruction_budget=budget)  # fmt: skip
+    want = 2 * 65536 if budget == 0 else budget  # two instructions, times the loop factor
+    with pytest.raises(rt.Error, match=f"the method ran {want} instructions, its budget"):
+        prog.run([x])
+    done = rt.load(str(write_loop_program(tmp_path / "once.pte", jump_back=False)))
+    torch.testing.assert_close(done.run([x])[0], x + x)
+    with pytest.raises(rt.Error, match="instruction_budget must be >= 1"):
+        rt.load(str(tmp_path / "once.pte"), instruction_budget=-1)
+
+
+def test_runner_stops_a_looping_program(tmp_path, zoo_build):
+    from rt_helpers import write_loop_program
+
+    from etbuild.pipeline import etbt
+
+    runner = zoo_build("mobilenet") / "runtime" / "bin" / "etb_runner"  # has aten::add.out
+    pte = write_loop_program(tmp_path / "loop.pte", jump_back=True)
+    etbt.write(tmp_path / "x.etbt", torch.randn(2, 3))
+    res = subprocess.run([str(runner), str(pte), "--input", str(tmp_path / "x.etbt"),
+                          "--instruction-budget", "500"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.returncode == 1
+    assert "the method ran 500 instructions, its budget" in res.stderr
