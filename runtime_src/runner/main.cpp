@@ -34,34 +34,55 @@ struct InputFile {
   std::vector<uint8_t> data;
 };
 
+// Reads a .etbt file, checking the header against the file's length before allocating.
 bool read_etbt(const char* path, InputFile* out) {
   FILE* f = fopen(path, "rb");
   if (f == nullptr) {
     fprintf(stderr, "etb_runner: cannot open %s\n", path);
     return false;
   }
+  const char* why = nullptr;
   char magic[4];
   uint32_t hdr[3];
-  bool ok = fread(magic, 1, 4, f) == 4 && memcmp(magic, "ETBT", 4) == 0 &&
-            fread(hdr, 4, 3, f) == 3 && hdr[0] == 1 && hdr[2] <= uint32_t(etb::kMaxDim) &&
-            etb::is_valid_scalar_type(int(hdr[1]));
-  if (ok) {
+  if (fread(magic, 1, 4, f) != 4 || memcmp(magic, "ETBT", 4) != 0 || fread(hdr, 4, 3, f) != 3)
+    why = "no ETBT header";
+  else if (hdr[0] != 1)
+    why = "unknown version (expected 1)";
+  else if (!etb::is_valid_scalar_type(int(hdr[1])))
+    why = "unknown dtype code";
+  else if (hdr[2] > uint32_t(etb::kMaxDim))
+    why = "too many dims";
+  uint64_t nbytes = 0;
+  if (why == nullptr) {
     out->dtype = etb::ScalarType(hdr[1]);
     out->sizes.resize(hdr[2]);
-    ok = fread(out->sizes.data(), 8, hdr[2], f) == hdr[2];
+    if (fread(out->sizes.data(), 8, hdr[2], f) != hdr[2]) why = "the sizes are cut short";
+    nbytes = etb::element_size(out->dtype);
+    for (int64_t s : out->sizes) {
+      if (why != nullptr) break;
+      if (s < 0) why = "a size is negative";
+      else if (s != 0 && nbytes > UINT64_MAX / uint64_t(s)) why = "the sizes overflow";
+      else nbytes *= uint64_t(s);
+    }
   }
-  uint64_t numel = 1;
-  for (int64_t s : out->sizes) {
-    ok = ok && s >= 0;
-    numel *= uint64_t(s);
+  if (why == nullptr) {  // the data must be exactly what the header says, before allocating
+    const long here = ftell(f);
+    if (here < 0 || fseek(f, 0, SEEK_END) != 0) {
+      why = "cannot seek";
+    } else {
+      const long end = ftell(f);
+      if (end < here || uint64_t(end - here) != nbytes || fseek(f, here, SEEK_SET) != 0)
+        why = "the data length does not match the sizes in the header";
+    }
   }
-  if (ok) {
-    out->data.resize(size_t(numel) * etb::element_size(out->dtype));
-    ok = fread(out->data.data(), 1, out->data.size(), f) == out->data.size();
+  if (why == nullptr) {
+    out->data.resize(size_t(nbytes));
+    if (fread(out->data.data(), 1, out->data.size(), f) != out->data.size())
+      why = "the data cannot be read";
   }
   fclose(f);
-  if (!ok) fprintf(stderr, "etb_runner: %s is not a valid .etbt file\n", path);
-  return ok;
+  if (why != nullptr) fprintf(stderr, "etb_runner: %s is not a valid .etbt file: %s\n", path, why);
+  return why == nullptr;
 }
 
 bool write_etbt(const char* path, const etb::Tensor& t) {

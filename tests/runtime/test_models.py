@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,40 @@ def test_runner_cli(zoo_build, tmp_path):
     assert re.search(r"latency_ms: median=\S+ p10=\S+ p90=\S+ iters=3", res.stdout)
 
 
+def _etbt_header(dtype: int, sizes: list[int]) -> bytes:
+    return (
+        b"ETBT" + struct.pack("<3I", 1, dtype, len(sizes)) + struct.pack(f"<{len(sizes)}q", *sizes)
+    )
+
+
+@pytest.mark.parametrize(
+    "data,why",
+    [
+        (_etbt_header(6, [1 << 20, 1 << 20]), "the data length does not match the sizes"),  # 4 TB
+        (_etbt_header(6, [1 << 62, 1 << 62]), "the sizes overflow"),
+        (_etbt_header(6, [2, -3]), "a size is negative"),
+        (_etbt_header(6, [2, 3]) + bytes(23), "the data length does not match the sizes"),
+        (_etbt_header(6, [2, 3]) + bytes(25), "the data length does not match the sizes"),
+        (_etbt_header(99, [2]), "unknown dtype code"),
+        (_etbt_header(6, [2, 3])[:-4], "the sizes are cut short"),
+    ],
+)
+def test_runner_checks_an_input_file_before_allocating(zoo_build, tmp_path, data, why):
+    """A header that claims terabytes, overflows or does not match the file is refused with
+    the reason, without allocating what it claims."""
+    run_dir = zoo_build("mlp")
+    bad = tmp_path / "bad.etbt"
+    bad.write_bytes(data)
+    res = subprocess.run(
+        [_runner(), str(run_dir / "model.pte"), "--input", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1, res.stderr
+    assert f"bad.etbt is not a valid .etbt file: {why}" in res.stderr
+
+
 def test_runner_cli_errors(zoo_build, tmp_path):
     run_dir = zoo_build("mlp")
     bad = tmp_path / "bad.etbt"
@@ -145,7 +180,7 @@ def test_runner_cli_errors(zoo_build, tmp_path):
         text=True,
         timeout=60,
     )
-    assert res.returncode == 1 and "not a valid .etbt" in res.stderr
+    assert res.returncode == 1 and "not a valid .etbt file: no ETBT header" in res.stderr
     res = subprocess.run(
         [_runner(), str(tmp_path / "missing.pte")], capture_output=True, text=True, timeout=60
     )
