@@ -134,6 +134,8 @@ class PyProgram {
     if (threads > etb::ThreadPool::kMaxThreads)
       throw Error("threads must be <= " + std::to_string(etb::ThreadPool::kMaxThreads) +
                   ", got " + std::to_string(threads));
+    if (path.find('\0') != std::string::npos)
+      throw Error("the program path contains a NUL character");
     etb::clear_error_message();
     etb::Result<etb::FileDataLoader> loader = etb::FileDataLoader::open(path.c_str());
     if (!loader.ok()) raise(loader.error());
@@ -347,7 +349,7 @@ NB_MODULE(runtime, m) {
         return new PyProgram(path, threads, instruction_budget);
       },
       nb::arg("path"), nb::arg("threads") = 1, nb::arg("instruction_budget") = 0,
-      "Load a program file (memory-mapped); its kernels split their work over `threads`, and a "
+      "Load a program file (read into memory); its kernels split their work over `threads`, and a "
       "run stops with an error after `instruction_budget` instructions (0: the program's "
       "default, which only a looping program can reach).");
   m.def("registered_kernels", []() {

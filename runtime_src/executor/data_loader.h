@@ -1,4 +1,4 @@
-// DataLoader: where program bytes come from (a memory-mapped file or a caller's buffer).
+// DataLoader: where program bytes come from (a file read into memory, or a caller's buffer).
 #pragma once
 
 #include <cstddef>
@@ -39,11 +39,12 @@ class BufferDataLoader final : public DataLoader {
 };
 
 #if !defined(ETB_BARE_METAL)
-/// A loader that memory-maps a file read-only (private mapping). Not in bare-metal builds
-/// (ETB_BARE_METAL: no file system); use BufferDataLoader over the program in flash there.
+/// A loader that reads a regular file into memory once (a mapping would fault when the file
+/// shrinks later). Not in bare-metal builds (ETB_BARE_METAL: no file system); use
+/// BufferDataLoader over the program in flash there.
 class FileDataLoader final : public DataLoader {
  public:
-  /// Opens and maps `path`.
+  /// Opens and reads `path`.
   static Result<FileDataLoader> open(const char* path);
   FileDataLoader(FileDataLoader&& o) noexcept : data_(o.data_), size_(o.size_) {
     o.data_ = nullptr;

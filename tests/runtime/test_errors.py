@@ -222,3 +222,33 @@ def test_runner_stops_a_looping_program(tmp_path, zoo_build):
                          timeout=60)  # fmt: skip
     assert res.returncode == 1
     assert "the method ran 500 instructions, its budget" in res.stderr
+
+
+def test_only_regular_files_load(rt, tmp_path):
+    """A FIFO (which would block until a writer came) and a directory are refused at once; a
+    path with a NUL character is refused, not cut short to another file's name."""
+    import os
+
+    fifo = tmp_path / "fifo.pte"
+    os.mkfifo(fifo)
+    with pytest.raises(rt.Error, match="fifo.pte is not a regular file"):
+        rt.load(str(fifo))
+    with pytest.raises(rt.Error, match="is not a regular file"):
+        rt.load(str(tmp_path))
+    with pytest.raises(rt.Error, match="the program path contains a NUL character"):
+        rt.load(str(tmp_path / "model.pte") + "\0.bak")
+
+
+def test_a_program_file_changed_after_load_does_not_matter(rt, zoo_build, tmp_path):
+    """The file is read at load: truncating or rewriting it later cannot fault the process."""
+    import shutil
+
+    src = zoo_build("mlp") / "model.pte"
+    path = tmp_path / "model.pte"
+    shutil.copy(src, path)
+    prog = rt.load(str(path))
+    x = torch.load(zoo_build("mlp") / "reference.pt", weights_only=True)["inputs"]
+    want = prog.run(list(x))
+    path.write_bytes(b"")  # truncated to nothing
+    got = prog.run(list(x))
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
