@@ -8,6 +8,8 @@
 //   prog.init_method("forward", bank_sizes=[...])  (re)initializes with given bank sizes
 //   etbuild.runtime.kernel_isa() -> "avx512" | "avx2" | "sse2" | "neon" | "scalar"
 // Errors raise etbuild.runtime.Error (a RuntimeError) with the runtime's message.
+// A program runs one call at a time: run() from several threads takes turns (the calls
+// share the method's planned memory), and init_method() during a run is refused.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -189,6 +192,29 @@ class PyProgram {
 
   void init_method(const std::string& name, std::optional<std::vector<int64_t>> bank_sizes,
                    size_t temp_bytes) {
+    std::unique_lock<std::mutex> lock(run_mu_, std::try_to_lock);
+    if (!lock.owns_lock())
+      throw Error("cannot initialise method '" + name +
+                  "' while another thread runs this program; wait for the run to return");
+    init_method_locked(name, bank_sizes, temp_bytes);
+  }
+
+  nb::list run(nb::list inputs, const std::string& name, bool profile) {
+    // One run at a time: the method's planned memory holds one call's inputs and values.
+    // Wait for the lock without the GIL, so that the running thread can take it back.
+    std::unique_lock<std::mutex> lock(run_mu_, std::defer_lock);
+    {
+      nb::gil_scoped_release release;
+      lock.lock();
+    }
+    return run_locked(inputs, name, profile);
+  }
+
+  std::vector<std::pair<std::string, double>> last_profile() const { return last_profile_; }
+
+ private:
+  void init_method_locked(const std::string& name,
+                          std::optional<std::vector<int64_t>> bank_sizes, size_t temp_bytes) {
     methods_.erase(name);
     etb::clear_error_message();
     etb::Result<etb::MethodMeta> meta = program_->method_meta(name.c_str());
@@ -227,8 +253,8 @@ class PyProgram {
     methods_[name] = std::move(st);
   }
 
-  nb::list run(nb::list inputs, const std::string& name, bool profile) {
-    if (methods_.find(name) == methods_.end()) init_method(name, std::nullopt, 8u << 20);
+  nb::list run_locked(nb::list inputs, const std::string& name, bool profile) {
+    if (methods_.find(name) == methods_.end()) init_method_locked(name, std::nullopt, 8u << 20);
     MethodState& st = *methods_[name];
     etb::Method& m = *st.method;
     etb::clear_error_message();
@@ -309,9 +335,7 @@ class PyProgram {
     return outs;
   }
 
-  std::vector<std::pair<std::string, double>> last_profile() const { return last_profile_; }
-
- private:
+  std::mutex run_mu_;  // held by run() and init_method()
   std::unique_ptr<etb::ThreadPool> pool_;  // outlives the methods (declared first)
   uint64_t budget_ = 0;  // instructions a run may execute (0: the program's default)
   std::unique_ptr<etb::FileDataLoader> loader_;
@@ -339,7 +363,8 @@ NB_MODULE(runtime, m) {
            "(Re)initialize a method with buffers of the given sizes (default: as planned).")
       .def("run", &PyProgram::run, nb::arg("inputs"), nb::arg("method") = "forward",
            nb::arg("profile") = false,
-           "Run a method on a list of tensors; returns a list of tensors.")
+           "Run a method on a list of tensors; returns a list of tensors. Calls from several "
+           "threads take turns (one run at a time per program).")
       .def_prop_ro("last_profile", &PyProgram::last_profile,
                    "(op name, seconds) per instruction of the last run(profile=True).");
 

@@ -252,3 +252,56 @@ def test_a_program_file_changed_after_load_does_not_matter(rt, zoo_build, tmp_pa
     path.write_bytes(b"")  # truncated to nothing
     got = prog.run(list(x))
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_threads_calling_one_program_take_turns(rt, zoo_build):
+    """Runs from several Python threads on one loaded program each get their own outputs (they
+    share the planned memory, so they take turns); re-initialising during a run is refused."""
+    import threading
+
+    run_dir = zoo_build("mlp")
+    prog = rt.load(str(run_dir / "model.pte"))
+    (x,) = torch.load(run_dir / "reference.pt", weights_only=True)["inputs"]
+    xs = [x * (1 + i / 4) for i in range(4)]
+    want = [prog.run([xi])[0] for xi in xs]
+    assert len({w.sum().item() for w in want}) == 4  # different inputs, different outputs
+    bad: list[int] = []
+
+    def worker(i: int) -> None:
+        for _ in range(40):
+            if not torch.equal(prog.run([xs[i]])[0], want[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
+
+
+def test_init_method_during_a_run_is_refused(rt, tmp_path):
+    import threading
+    import time
+
+    from rt_helpers import write_loop_program
+
+    prog = rt.load(str(write_loop_program(tmp_path / "loop.pte", jump_back=True)),
+                   instruction_budget=20_000_000)  # fmt: skip
+    done = threading.Event()
+
+    def long_run() -> None:
+        with pytest.raises(rt.Error, match="its budget"):
+            prog.run([torch.randn(2, 3)])
+        done.set()
+
+    t = threading.Thread(target=long_run)
+    t.start()
+    time.sleep(0.2)
+    refused = not done.is_set()
+    if refused:
+        with pytest.raises(rt.Error, match="cannot initialise method 'forward' while another"):
+            prog.init_method("forward")
+    t.join()
+    assert refused, "the run finished before init_method was tried: raise the budget"
+    prog.init_method("forward")  # after the run: allowed
