@@ -65,6 +65,9 @@ def main() -> None:
     # torch 2.13's own export internals trip this deprecation; it is not the user's to fix.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
     register_configs()
+    # Progress lines as they happen, also through a pipe (`etbuild ... | tee build.log`).
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     failed: list[Path] = []
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -74,6 +77,9 @@ def main() -> None:
         print(f"etbuild: {cfg.model.name} -> {run_dir}")
         try:
             build(cfg, run_dir)
+        except KeyboardInterrupt:
+            print(f"etbuild: interrupted: {run_dir} (its manifest.json says so)", file=sys.stderr)
+            sys.exit(130)
         except EtbuildError as exc:
             print(f"etbuild: error: {exc}", file=sys.stderr)
             if hydra_cfg.mode != RunMode.MULTIRUN:

@@ -197,6 +197,13 @@ def run_stages(
         )
     selected = stages[: names.index(stop_after) + 1] if stop_after else stages
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Before any stage: a manifest left by an earlier run into this directory must not go on
+    # saying "ok" beside this run's files if this run is killed.
+    write_atomic(
+        run_dir / "manifest.json",
+        (json.dumps({"status": "running", "run_dir": str(run_dir), "argv": sys.argv[1:]}, indent=2)
+         + "\n").encode(),
+    )  # fmt: skip
     ctx = Context(cfg=cfg, run_dir=run_dir)
     error: BaseException | None = None
     started = time.perf_counter()
@@ -224,9 +231,12 @@ def run_stages(
         log(_progress_line(i, len(selected), rec))
         if cache is not None and hit is None and i == len(prefix):
             _store(ctx, cache, prefix, log)
+    status = "ok" if error is None else "failed"
+    if isinstance(error, KeyboardInterrupt):
+        status = "interrupted"
     manifest = {
-        "status": "failed" if error else "ok",
-        "error": str(error) if error else None,
+        "status": status,
+        "error": (str(error) or type(error).__name__) if error else None,
         "run_dir": str(run_dir),
         "total_seconds": round(time.perf_counter() - started, 4),
         "tools": tool_versions(),

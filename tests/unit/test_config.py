@@ -189,6 +189,61 @@ def test_bad_alignment_value_is_rejected(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "model.pte").exists()
 
 
+def test_a_run_marks_its_directory_before_the_first_stage(tmp_path: Path) -> None:
+    """An old manifest saying "ok" is replaced before any stage runs, and a run stopped by
+    Ctrl-C (KeyboardInterrupt) records "interrupted"."""
+    import json
+
+    from etbuild.pipeline.runner import Stage, run_stages
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "ok"}))
+    seen = []
+
+    def first(ctx) -> None:
+        seen.append(json.loads((tmp_path / "manifest.json").read_text())["status"])
+        raise KeyboardInterrupt
+
+    cfg = compose_config(["model=mlp"])
+    with pytest.raises(KeyboardInterrupt):
+        run_stages([Stage("first", first)], cfg, tmp_path, log=lambda _: None)
+    assert seen == ["running"]
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert (
+        m["status"] == "interrupted" and m["stages"][0]["summary"]["failed"] == "KeyboardInterrupt"
+    )
+
+
+def test_ctrl_c_stops_etbuild_with_one_line_and_exit_130(tmp_path: Path) -> None:
+    import json
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [
+            shutil.which("etbuild") or str(Path(sys.executable).parent / "etbuild"),
+            "model=mlp",
+            f"hydra.run.dir={tmp_path}",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # etbuild flushes
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and not line.startswith("[1/"):  # the first stage has finished
+        line = proc.stdout.readline()
+    assert line.startswith("[1/"), line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert f"etbuild: interrupted: {tmp_path}" in err and "Traceback" not in err, err
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "interrupted"
+
+
 def test_bad_stop_after_for_run_stages(tmp_path: Path) -> None:
     from etbuild.pipeline.runner import run_stages
     from etbuild.pipeline.stages import STAGES
