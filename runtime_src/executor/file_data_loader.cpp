@@ -41,8 +41,10 @@ Result<FileDataLoader> FileDataLoader::open(const char* path) {
   ::close(fd);
   if (done != size) {
     free(data);
-    return fail(Error::InvalidProgram, "%s: read %zu of its %zu bytes (did it change while "
-                "loading?)", path, done, size);
+    return fail(Error::InvalidProgram,
+                "%s: read %zu of its %zu bytes (did it change while "
+                "loading?)",
+                path, done, size);
   }
   return FileDataLoader(data, size);
 }

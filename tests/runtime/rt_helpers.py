@@ -112,19 +112,41 @@ def _instr(kind, obj):
     return i
 
 
+def _write_add_program(path: Path, values, instructions, bank_bytes, delegates=(), blobs=()):
+    """Serializes a one-chain "forward" plan over aten::add.out: input value 0, output 1."""
+    from etbuild.pipeline import pte
+    from etbuild.schema import Chain, ExecutionPlan, Operator, Program
+
+    chain = Chain.ChainT()
+    chain.inputs, chain.outputs = [0], [1]
+    chain.instructions = list(instructions)
+    op = Operator.OperatorT()
+    op.name, op.overload = "aten::add", "out"
+    plan = ExecutionPlan.ExecutionPlanT()
+    plan.name = "forward"
+    plan.values = values
+    plan.inputs, plan.outputs = [0], [1]
+    plan.chains = [chain]
+    plan.operators = [op]
+    plan.delegates = list(delegates)
+    plan.nonConstBufferSizes = [0, bank_bytes]
+    prog = Program.ProgramT()
+    prog.version = 0
+    prog.executionPlan = [plan]
+    prog.backendDelegateData = list(blobs)
+    prog.segments = []
+    path.write_bytes(pte.serialize(prog, [], 16))
+    return path
+
+
 def write_loop_program(path: Path, jump_back: bool) -> Path:
     """A hand-built program ``y = x + x`` then a jump on a false condition: back to the add
     (a loop that never ends) when `jump_back`, else past the end. Float [2, 3] in and out."""
-    from etbuild.pipeline import pte
     from etbuild.schema import (
         Bool,
-        Chain,
-        ExecutionPlan,
         Int,
         JumpFalseCall,
         KernelCall,
-        Operator,
-        Program,
     )
 
     values = [
@@ -137,25 +159,8 @@ def write_loop_program(path: Path, jump_back: bool) -> Path:
     add.opIndex, add.args = 0, [0, 0, 3, 1, 1]
     jf = JumpFalseCall.JumpFalseCallT()
     jf.condValueIndex, jf.destinationInstruction = 2, 0 if jump_back else 2
-    chain = Chain.ChainT()
-    chain.inputs, chain.outputs = [0], [1]
-    chain.instructions = [_instr("KernelCall", add), _instr("JumpFalseCall", jf)]
-    op = Operator.OperatorT()
-    op.name, op.overload = "aten::add", "out"
-    plan = ExecutionPlan.ExecutionPlanT()
-    plan.name = "forward"
-    plan.values = values
-    plan.inputs, plan.outputs = [0], [1]
-    plan.chains = [chain]
-    plan.operators = [op]
-    plan.delegates = []
-    plan.nonConstBufferSizes = [0, 64]
-    prog = Program.ProgramT()
-    prog.version = 0
-    prog.executionPlan = [plan]
-    prog.segments = []
-    path.write_bytes(pte.serialize(prog, [], 16))
-    return path
+    instructions = [_instr("KernelCall", add), _instr("JumpFalseCall", jf)]
+    return _write_add_program(path, values, instructions, 64)
 
 
 def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = "EtbTestBackend"):
@@ -165,24 +170,19 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
     Input and output are Float [2, 3] in memory bank 1 (the only bank)."""
     import struct
 
-    from etbuild.pipeline import pte
     from etbuild.schema import (
         BackendDelegate,
         BackendDelegateDataReference,
         BackendDelegateInlineData,
         Bool,
-        Chain,
         CompileSpec,
         DelegateCall,
-        ExecutionPlan,
         FreeCall,
         Int,
         JumpFalseCall,
         KernelCall,
         MoveCall,
         Null,
-        Operator,
-        Program,
     )
 
     values = [
@@ -205,9 +205,7 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
     k2.opIndex, k2.args = 0, [5, 0, 4, 1, 1]
     fr = FreeCall.FreeCallT()
     fr.valueIndex = 2
-    chain = Chain.ChainT()
-    chain.inputs, chain.outputs = [0], [1]
-    chain.instructions = [
+    instructions = [
         _instr("DelegateCall", dc),
         _instr("JumpFalseCall", jf),
         _instr("KernelCall", k1),
@@ -215,28 +213,12 @@ def write_delegate_program(path: Path, scale: float, cond: bool, backend: str = 
         _instr("KernelCall", k2),
         _instr("FreeCall", fr),
     ]
-    op = Operator.OperatorT()
-    op.name, op.overload = "aten::add", "out"
     spec = CompileSpec.CompileSpecT()
     spec.key, spec.value = "scale", list(struct.pack("<f", scale))
     ref = BackendDelegateDataReference.BackendDelegateDataReferenceT()
     ref.location, ref.index = 0, 0
     dlg = BackendDelegate.BackendDelegateT()
     dlg.id, dlg.processed, dlg.compileSpecs = backend, ref, [spec]
-    plan = ExecutionPlan.ExecutionPlanT()
-    plan.name = "forward"
-    plan.values = values
-    plan.inputs, plan.outputs = [0], [1]
-    plan.chains = [chain]
-    plan.operators = [op]
-    plan.delegates = [dlg]
-    plan.nonConstBufferSizes = [0, 96]
     blob = BackendDelegateInlineData.BackendDelegateInlineDataT()
     blob.data = list(b"ETBTEST")
-    prog = Program.ProgramT()
-    prog.version = 0
-    prog.executionPlan = [plan]
-    prog.backendDelegateData = [blob]
-    prog.segments = []
-    path.write_bytes(pte.serialize(prog, [], 16))
-    return path
+    return _write_add_program(path, values, instructions, 96, [dlg], [blob])
