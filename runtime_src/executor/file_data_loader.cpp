@@ -34,17 +34,15 @@ Result<FileDataLoader> FileDataLoader::open(const char* path) {
   size_t done = 0;
   while (done < size) {
     const ssize_t n = ::read(fd, data + done, size - done);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += size_t(n);
   }
   ::close(fd);
   if (done != size) {
     free(data);
-    return fail(Error::InvalidProgram,
-                "%s: read %zu of its %zu bytes (did it change while "
-                "loading?)",
-                path, done, size);
+    return fail(Error::InvalidProgram, "%s: read %zu of its %zu bytes (did it change?)", path, done,
+                size);
   }
   return FileDataLoader(data, size);
 }

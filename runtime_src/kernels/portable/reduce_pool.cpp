@@ -110,6 +110,7 @@ struct Reduction {
   int64_t osz[kMaxDim] = {};
   int od = 0;
   int64_t count = 1;
+  bool innermost = true;  // the reduced dims are the last ones: each group is a contiguous run
 };
 
 // The dims of `dims` (every dim when `dims` is empty) removed from self, or kept as size 1.
@@ -135,6 +136,7 @@ Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim,
       if (keepdim) r->osz[r->od++] = 1;
     } else {
       r->osz[r->od++] = self.size(i);
+      if (i > 0 && r->reduce[i - 1]) r->innermost = false;  // a kept dim after a reduced one
     }
   }
   return Error::Ok;
@@ -169,14 +171,12 @@ Error extremum(const KernelContext& ctx, const char* op, const Tensor& self,
     }
     return off;
   };
-  // The reduced dims are the innermost ones: each group is a contiguous run.
-  const bool runs = nr == 0 || (red[0] == nd - nr && self.stride(nd - 1) == 1);
   parallel_range(ctx, out.numel(), r.count, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       const int64_t base = offset(kept, nk, o);
       float best = x[base];
       for (int64_t j = 1; j < r.count; ++j) {
-        const float v = x[base + (runs ? j : offset(red, nr, j))];
+        const float v = x[base + (r.innermost ? j : offset(red, nr, j))];
         // v replaces best when it is NaN or beyond best, unless best is already NaN.
         if (best == best && (kMax ? !(v <= best) : !(v >= best))) best = v;
       }
@@ -208,19 +208,12 @@ Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64
   ETB_TRY(plan_reduction(self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim, "mean",
                          &plan));
   const bool* reduce = plan.reduce;
-  const int64_t* osz = plan.osz;
-  const int od = plan.od;
   const int64_t count = plan.count;
-  ETB_TRY(resize_to(out, osz, od));
+  ETB_TRY(resize_to(out, plan.osz, plan.od));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
   const int64_t on = out.numel();
-  // Fast path: the reduced dims are the trailing ones.
-  int first_reduced = nd;
-  while (first_reduced > 0 && reduce[first_reduced - 1]) --first_reduced;
-  bool trailing = true;
-  for (int i = 0; i < first_reduced; ++i) trailing = trailing && !reduce[i];
-  if (trailing) {  // one output per thread task element: split over the threads
+  if (plan.innermost) {  // fast path, one output per thread task element: split over threads
     parallel_range(ctx, on, count, [&](int64_t begin, int64_t end) {
       for (int64_t o = begin; o < end; ++o) {
         double s = 0;
