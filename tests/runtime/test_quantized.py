@@ -430,6 +430,11 @@ def test_mean(rt, pipeline_program, shape, dims, keepdim):
         ((2, 4, 9, 11), [3, 3], [2, 2], [1, 1], [1, 1], True),
         ((1, 2, 10, 7), [3, 2], [1, 2], [0, 1], [2, 1], True),
         ((3, 7, 7), [2, 2], [], [0, 0], [1, 1], False),
+        # rows wider than one vector, and than one 1024-byte pass of the kernel
+        ((1, 3, 21, 75), [3, 3], [2, 2], [1, 1], [1, 1], False),
+        ((1, 2, 5, 1500), [3, 3], [1, 1], [1, 1], [1, 1], False),
+        ((1, 2, 6, 1501), [2, 5], [2, 3], [1, 2], [1, 2], True),
+        ((1, 1, 3, 70), [1, 1], [1, 2], [0, 0], [1, 1], False),
     ],
 )
 def test_max_pool2d(rt, pipeline_program, shape, kernel, stride, padding, dilation, ceil):

@@ -5,6 +5,12 @@
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
 
+#if defined(__AVX2__) || defined(__SSE4_1__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
 namespace etb {
 namespace quantized {
 namespace {
@@ -14,6 +20,47 @@ Error expect_char(const Tensor& t, const char* op, const char* arg) {
     return fail(Error::InvalidArgument, "%s: %s has dtype %s, expected Char (int8)", op, arg,
                 scalar_type_name(t.dtype()));
   return Error::Ok;
+}
+
+// Max pooling works on rows of this many bytes at a time (stack buffers).
+constexpr int64_t kPoolRowBytes = 1024;
+
+// d[i] = max(a[i], b[i]) over n int8 lanes (d may be a).
+void max_bytes(int8_t* d, const int8_t* a, const int8_t* b, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 32 <= n; i += 32) {
+    const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i));
+    const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_max_epi8(va, vb));
+  }
+#elif defined(__SSE4_1__)
+  for (; i + 16 <= n; i += 16) {
+    const __m128i va = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+    const __m128i vb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm_max_epi8(va, vb));
+  }
+#elif defined(__ARM_NEON)
+  for (; i + 16 <= n; i += 16) vst1q_s8(d + i, vmaxq_s8(vld1q_s8(a + i), vld1q_s8(b + i)));
+#endif
+  for (; i < n; ++i) d[i] = a[i] > b[i] ? a[i] : b[i];
+}
+
+// One output of a max pool whose window starts at (h0, w0); taps outside the plane are -128.
+int8_t pool_one(const int8_t* xp, int64_t H, int64_t W, int64_t h0, int64_t w0, int64_t kh,
+                int64_t kw, int64_t dh, int64_t dw) {
+  int32_t m = -128;
+  for (int64_t i = 0; i < kh; ++i) {
+    const int64_t h = h0 + i * dh;
+    if (h < 0 || h >= H) continue;
+    for (int64_t j = 0; j < kw; ++j) {
+      const int64_t w = w0 + j * dw;
+      if (w < 0 || w >= W) continue;
+      const int32_t v = xp[h * W + w];
+      m = v > m ? v : m;
+    }
+  }
+  return int8_t(m);
 }
 
 }  // namespace
@@ -239,23 +286,51 @@ Error max_pool2d_out(KernelContext& ctx, const Tensor& input, Span<const int64_t
   ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(input.dim()))));
   const int8_t* x = input.data_as<int8_t>();
   int8_t* y = out.data_as<int8_t>();
+  // Output columns per pass: their input span fits the row buffers (a huge kernel: one).
+  const int64_t reach = (kw - 1) * dw;
+  const int64_t chunk = reach < kPoolRowBytes ? (kPoolRowBytes - 1 - reach) / sw + 1 : 0;
   native::parallel_range(ctx, planes, OH * OW * kh * kw, [&](int64_t begin, int64_t end) {
+    alignas(64) int8_t rows[kPoolRowBytes], cols[kPoolRowBytes];
     for (int64_t p = begin; p < end; ++p) {
       const int8_t* xp = x + p * H * W;
       for (int64_t oh = 0; oh < OH; ++oh) {
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          int32_t m = -128;
-          for (int64_t i = 0; i < kh; ++i) {
-            const int64_t h = oh * sh - ph + i * dh;
-            if (h < 0 || h >= H) continue;
-            for (int64_t j = 0; j < kw; ++j) {
-              const int64_t w = ow * sw - pw + j * dw;
-              if (w < 0 || w >= W) continue;
-              const int32_t v = xp[h * W + w];
-              m = v > m ? v : m;
-            }
+        int8_t* yr = y + (p * OH + oh) * OW;
+        const int64_t h0 = oh * sh - ph;
+        if (chunk == 0) {
+          for (int64_t ow = 0; ow < OW; ++ow)
+            yr[ow] = pool_one(xp, H, W, h0, ow * sw - pw, kh, kw, dh, dw);
+          continue;
+        }
+        // The window's rows inside the plane (padding is -128, below every value).
+        int64_t i_lo = 0, i_hi = kh;
+        while (i_lo < kh && h0 + i_lo * dh < 0) ++i_lo;
+        while (i_hi > i_lo && h0 + (i_hi - 1) * dh >= H) --i_hi;
+        for (int64_t ow0 = 0; ow0 < OW; ow0 += chunk) {
+          const int64_t n = OW - ow0 < chunk ? OW - ow0 : chunk;
+          const int64_t w0 = ow0 * sw - pw, starts = (n - 1) * sw + 1, span = starts + reach;
+          // rows[t]: the largest of the window's rows at column w0 + t.
+          const int64_t t_lo = w0 < 0 ? (-w0 < span ? -w0 : span) : 0;
+          const int64_t t_hi = W - w0 < span ? (W - w0 > t_lo ? W - w0 : t_lo) : span;
+          for (int64_t t = 0; t < t_lo; ++t) rows[t] = -128;
+          for (int64_t t = t_hi; t < span; ++t) rows[t] = -128;
+          if (i_lo == i_hi) {
+            for (int64_t t = t_lo; t < t_hi; ++t) rows[t] = -128;
+          } else {
+            const int8_t* r0 = xp + (h0 + i_lo * dh) * W + w0;
+            for (int64_t t = t_lo; t < t_hi; ++t) rows[t] = r0[t];
+            for (int64_t i = i_lo + 1; i < i_hi; ++i)
+              max_bytes(rows + t_lo, rows + t_lo, xp + (h0 + i * dh) * W + w0 + t_lo, t_hi - t_lo);
           }
-          y[(p * OH + oh) * OW + ow] = int8_t(m);
+          // The window's columns: the largest at every start; every sw-th start is an output.
+          int8_t* best = sw == 1 ? yr + ow0 : cols;
+          if (kw == 1) {
+            for (int64_t t = 0; t < starts; ++t) best[t] = rows[t];
+          } else {
+            max_bytes(best, rows, rows + dw, starts);
+            for (int64_t j = 2; j < kw; ++j) max_bytes(best, best, rows + j * dw, starts);
+          }
+          if (sw != 1)
+            for (int64_t o = 0; o < n; ++o) yr[ow0 + o] = cols[o * sw];
         }
       }
     }
