@@ -108,6 +108,9 @@ inline int32_t load_pair(const int16_t* p) {
   return pair;
 }
 
+// A tile of kMR rows x (kVecs * kNR / 2) columns: kVecs = 2 is the full panel, 1 its left
+// half (for a last panel of at most kNR / 2 columns, which would otherwise waste half the
+// multiplies on padding).
 #if defined(__AVX512BW__)
 inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
 #if defined(__AVX512VNNI__)
@@ -117,57 +120,89 @@ inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
+template <int kVecs>
 void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
-  __m512i c[kMR][2];
-  for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm512_setzero_si512();
+  __m512i c[kMR][kVecs];
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_setzero_si512();
   for (int64_t kp = 0; kp < Kp; ++kp) {
-    const __m512i b0 = _mm512_loadu_si512(bp);
-    const __m512i b1 = _mm512_loadu_si512(bp + 32);
+    __m512i b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = _mm512_loadu_si512(bp + 32 * v);
     for (int64_t i = 0; i < kMR; ++i) {
       const __m512i a = _mm512_set1_epi32(load_pair(ar[i] + 2 * kp));
-      c[i][0] = dot_pairs(c[i][0], a, b0);
-      c[i][1] = dot_pairs(c[i][1], a, b1);
-    }
-    bp += 2 * kNR;
-  }
-  for (int64_t i = 0; i < kMR; ++i) {
-    _mm512_storeu_si512(tile + i * kNR, c[i][0]);
-    _mm512_storeu_si512(tile + i * kNR + 16, c[i][1]);
-  }
-}
-#elif defined(__AVX2__)
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
-  __m256i c[kMR][2];
-  for (int64_t i = 0; i < kMR; ++i) c[i][0] = c[i][1] = _mm256_setzero_si256();
-  for (int64_t kp = 0; kp < Kp; ++kp) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16));
-    for (int64_t i = 0; i < kMR; ++i) {
-      const __m256i a = _mm256_set1_epi32(load_pair(ar[i] + 2 * kp));
-      c[i][0] = _mm256_add_epi32(c[i][0], _mm256_madd_epi16(a, b0));
-      c[i][1] = _mm256_add_epi32(c[i][1], _mm256_madd_epi16(a, b1));
-    }
-    bp += 2 * kNR;
-  }
-  for (int64_t i = 0; i < kMR; ++i) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR), c[i][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR + 8), c[i][1]);
-  }
-}
-#else
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
-  int32_t c[kMR][kNR] = {};
-  for (int64_t kp = 0; kp < Kp; ++kp) {
-    for (int64_t i = 0; i < kMR; ++i) {
-      const int32_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
-      for (int64_t j = 0; j < kNR; ++j) c[i][j] += a0 * bp[2 * j] + a1 * bp[2 * j + 1];
+      for (int v = 0; v < kVecs; ++v) c[i][v] = dot_pairs(c[i][v], a, b[v]);
     }
     bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
-    for (int64_t j = 0; j < kNR; ++j) tile[i * kNR + j] = c[i][j];
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_si512(tile + i * kNR + 16 * v, c[i][v]);
+}
+#elif defined(__AVX2__)
+template <int kVecs>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+  __m256i c[kMR][kVecs];
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v) c[i][v] = _mm256_setzero_si256();
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    __m256i b[kVecs];
+    for (int v = 0; v < kVecs; ++v)
+      b[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16 * v));
+    for (int64_t i = 0; i < kMR; ++i) {
+      const __m256i a = _mm256_set1_epi32(load_pair(ar[i] + 2 * kp));
+      for (int v = 0; v < kVecs; ++v)
+        c[i][v] = _mm256_add_epi32(c[i][v], _mm256_madd_epi16(a, b[v]));
+    }
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR + 8 * v), c[i][v]);
+}
+#else
+template <int kVecs>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+  constexpr int64_t kCols = kVecs * kNR / 2;
+  int32_t c[kMR][kCols] = {};
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    for (int64_t i = 0; i < kMR; ++i) {
+      const int32_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
+      for (int64_t j = 0; j < kCols; ++j) c[i][j] += a0 * bp[2 * j] + a1 * bp[2 * j + 1];
+    }
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int64_t j = 0; j < kCols; ++j) tile[i * kNR + j] = c[i][j];
 }
 #endif
+
+// The sums of one sliver and one panel of which the first nr columns are delivered.
+inline void multiply_tile(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int64_t nr,
+                          int32_t* tile) {
+  if (nr <= kNR / 2) {
+    micro_kernel<1>(Kp, ar, bp, tile);
+  } else {
+    micro_kernel<2>(Kp, ar, bp, tile);
+  }
+}
+
+// The sum of n int8 values.
+inline int32_t sum_bytes(const int8_t* a, int64_t n) {
+  int64_t k = 0;
+  int32_t s = 0;
+#if defined(__AVX2__)
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc = _mm256_setzero_si256();
+  for (; k + 16 <= n; k += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), ones));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  for (int i = 0; i < 8; ++i) s += lanes[i];
+#endif
+  for (; k < n; ++k) s += a[k];
+  return s;
+}
 
 inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64_t K) {
   int32_t s = 0;
@@ -197,7 +232,7 @@ void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack,
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = min64(kMR, M - m0);
       sliver_rows(apack, m0 / kMR, mr, Kp, ar);
-      micro_kernel(Kp, ar, panel, tile);
+      multiply_tile(Kp, ar, panel, nr, tile);
       fn(ctx, m_base + m0, n0, mr, nr, tile, kNR);
     }
   }
@@ -245,10 +280,7 @@ void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, 
   auto rows = [&](int64_t t, int) {
     const int64_t end = min64(M, (t + 1) * kRowsPerTask);
     for (int64_t m = t * kRowsPerTask; m < end; ++m) {
-      const int8_t* __restrict a = A + m * lda;
-      int32_t s = 0;
-      for (int64_t k = 0; k < K; ++k) s += a[k];
-      sums[m] = s;
+      sums[m] = sum_bytes(A + m * lda, K);
     }
   };
   kctx.parallel_for((M + kRowsPerTask - 1) / kRowsPerTask, rows);
@@ -316,8 +348,9 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
         const int16_t* ar[kMR];
         sliver_rows(apack, t, mr, Kp, ar);
         for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
-          micro_kernel(Kp, ar, bpack + (j0 / kNR) * Kp * kNR * 2, tile);
-          fn(ctx, m0, n0 + j0, mr, min64(kNR, nc - j0), tile, kNR);
+          const int64_t nr = min64(kNR, nc - j0);
+          multiply_tile(Kp, ar, bpack + (j0 / kNR) * Kp * kNR * 2, nr, tile);
+          fn(ctx, m0, n0 + j0, mr, nr, tile, kNR);
         }
       };
       kctx.parallel_for(slivers, rows);
