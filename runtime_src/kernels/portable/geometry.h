@@ -1,9 +1,17 @@
 // Spatial geometry shared by the fp32 and int8 convolution and pooling kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "core/span.h"
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 namespace etb {
 
@@ -29,44 +37,112 @@ inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, in
   *hi = b;
 }
 
+/// d[i] = src[i] for i < n. An im2col copies one output row at a time, often only 7 to 56
+/// elements: bytes move inline in overlapping 16- and 8-byte pieces, not through a call.
+template <typename T>
+inline void copy_run(T* d, const T* src, int64_t n) {
+  if constexpr (sizeof(T) == 1) {
+    if (n <= 64) {
+      char* dc = reinterpret_cast<char*>(d);
+      const char* sc = reinterpret_cast<const char*>(src);
+      if (n >= 16) {
+#if defined(__SSE2__)
+        for (int64_t i = 0; i + 16 < n; i += 16)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dc + i),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + i)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dc + n - 16),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + n - 16)));
+#elif defined(__ARM_NEON)
+        for (int64_t i = 0; i + 16 < n; i += 16)
+          vst1q_s8(reinterpret_cast<int8_t*>(dc + i),
+                   vld1q_s8(reinterpret_cast<const int8_t*>(sc + i)));
+        vst1q_s8(reinterpret_cast<int8_t*>(dc + n - 16),
+                 vld1q_s8(reinterpret_cast<const int8_t*>(sc + n - 16)));
+#else
+        std::memcpy(dc, sc, size_t(n));
+#endif
+      } else if (n >= 8) {
+        uint64_t a, b;
+        std::memcpy(&a, sc, 8);
+        std::memcpy(&b, sc + n - 8, 8);
+        std::memcpy(dc, &a, 8);
+        std::memcpy(dc + n - 8, &b, 8);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dc[i] = sc[i];
+      }
+      return;
+    }
+  }
+  std::memcpy(d, src, size_t(n) * sizeof(T));
+}
+
+/// d[i] = src[i * stride] for i < n: a copy for stride 1; for bytes at stride 2 (the int8
+/// im2col of a stride-2 convolution) a SIMD gather of the even bytes. Reads no element past
+/// src[(n - 1) * stride].
+template <typename T>
+inline void copy_strided(T* d, const T* src, int64_t n, int64_t stride) {
+  if (n <= 0) return;
+  if (stride == 1) {
+    copy_run(d, src, n);
+    return;
+  }
+  int64_t i = 0;
+  if constexpr (sizeof(T) == 1) {
+    if (stride == 2) {
+#if defined(__AVX2__)
+      // Even bytes of each 16-byte lane to its low half, then the two low halves together.
+      const __m256i even =
+          _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1, 0, 2, 4, 6, 8,
+                           10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+      for (; i + 17 <= n; i += 16) {  // loads src[2i, 2i + 32): 2i + 31 < 2(n - 1)
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, even), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
+      }
+#elif defined(__ARM_NEON)
+      for (; i + 17 <= n; i += 16) {
+        const int8x16x2_t v = vld2q_s8(reinterpret_cast<const int8_t*>(src + 2 * i));
+        vst1q_s8(reinterpret_cast<int8_t*>(d + i), v.val[0]);
+      }
+#endif
+    }
+  }
+  for (; i < n; ++i) d[i] = src[i * stride];
+}
+
 /// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
 /// group, col[K x pc], K = channels x KH x KW; taps outside the input read `pad` (0, or the
 /// int8 kernels' input zero point). The channels are independent, so threads can split them.
-/// Works a row segment at a time: one division per output row, then a fill and a contiguous
-/// (or strided) copy of the valid range, so the inner loops have no bounds checks.
+/// Works a row segment at a time: a fill and a contiguous (or strided) copy of the valid
+/// range, so the inner loops have no bounds checks.
 template <typename T>
 inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc, T pad,
                            T* col) {
   const T* xc = x + c * s.H * s.W;
+  const int64_t oh_first = p0 / s.OW, ow_first = p0 - oh_first * s.OW;
   for (int64_t kh = 0; kh < s.KH; ++kh) {
     for (int64_t kw = 0; kw < s.KW; ++kw) {
       T* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
       int64_t lo_all, hi_all;
       valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &lo_all, &hi_all);
       const int64_t off = kw * s.dw - s.pw;
-      int64_t j = 0, p = p0;
+      int64_t j = 0, oh = oh_first, ow0 = ow_first;
       while (j < pc) {
-        const int64_t oh = p / s.OW, ow0 = p - oh * s.OW;
-        const int64_t n = s.OW - ow0 < pc - j ? s.OW - ow0 : pc - j;
+        const int64_t end = s.OW - ow0 < pc - j ? s.OW : ow0 + pc - j;  // row segment [ow0, end)
         const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-        T* d = dst + j;  // d[ow - ow0] for ow in [ow0, ow0 + n)
+        T* d = dst + j - ow0;  // d[ow] for ow in [ow0, end)
         if (ih < 0 || ih >= s.H) {
-          for (int64_t ow = ow0; ow < ow0 + n; ++ow) d[ow - ow0] = pad;
+          std::fill(d + ow0, d + end, pad);
         } else {
-          const T* xr = xc + ih * s.W;
-          const int64_t lo = lo_all > ow0 ? lo_all : ow0;
-          const int64_t hi = hi_all < ow0 + n ? hi_all : ow0 + n;
-          int64_t ow = ow0;
-          for (; ow < lo && ow < ow0 + n; ++ow) d[ow - ow0] = pad;
-          if (s.sw == 1) {
-            for (; ow < hi; ++ow) d[ow - ow0] = xr[ow + off];
-          } else {
-            for (; ow < hi; ++ow) d[ow - ow0] = xr[ow * s.sw + off];
-          }
-          for (; ow < ow0 + n; ++ow) d[ow - ow0] = pad;
+          const int64_t lo = lo_all < ow0 ? ow0 : lo_all > end ? end : lo_all;
+          const int64_t hi = hi_all < lo ? lo : hi_all > end ? end : hi_all;
+          for (int64_t ow = ow0; ow < lo; ++ow) d[ow] = pad;  // a padding's width: a few
+          if (hi > lo) copy_strided(d + lo, xc + ih * s.W + lo * s.sw + off, hi - lo, s.sw);
+          for (int64_t ow = hi; ow < end; ++ow) d[ow] = pad;
         }
-        j += n;
-        p += n;
+        j += end - ow0;
+        ++oh;
+        ow0 = 0;
       }
     }
   }
