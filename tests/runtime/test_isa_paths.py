@@ -262,15 +262,14 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Program:
     return Program(path, cases, inputs, expected)
 
 
-@pytest.fixture(scope="session")
-def runs(runners, program: Program, tmp_path_factory: pytest.TempPathFactory):
-    """``run(name, overrides) -> (stdout, outputs)``: the program run once on that runner."""
+def _runs_of(runners, program: Program, tmp_path_factory: pytest.TempPathFactory, tag: str):
+    """``run(name, overrides) -> (stdout, outputs)``: `program` run once on that runner."""
     done: dict[str, tuple[str, list[torch.Tensor]]] = {}
 
     def run(name: str, overrides: list[str]) -> tuple[str, list[torch.Tensor]]:
         if name not in done:
             built = runners(name, overrides)
-            d = tmp_path_factory.mktemp(f"isa_run_{name}")
+            d = tmp_path_factory.mktemp(f"isa_{tag}_{name}")
             cmd = [*built.prefix, str(built.runner), str(program.path)]
             for i, t in enumerate(program.inputs):
                 etbt.write(d / f"input_{i}.etbt", t)
@@ -283,6 +282,84 @@ def runs(runners, program: Program, tmp_path_factory: pytest.TempPathFactory):
         return done[name]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def runs(runners, program: Program, tmp_path_factory: pytest.TempPathFactory):
+    return _runs_of(runners, program, tmp_path_factory, "fp32")
+
+
+# ---- the int8 program: every etb_quantized kernel with a SIMD path --------------------------
+
+
+def _int8_cases(rng: random.Random) -> list[tuple[Case, list[torch.Tensor]]]:
+    """int8 layers on inputs that give every vector path a body and a tail: convolutions of
+    each path (im2col + GEMM with a last column panel of 1 to 16 columns, pointwise, grouped,
+    stride 2, depthwise direct), linear layers (one row: the dot-product path), max pools on
+    rows wider than a vector, add, and the fp32 boundaries."""
+    from test_quantized import Op, Q, conv_case, conv_module, depthwise_case, i8, weight_scales
+
+    gen = torch.Generator().manual_seed(SEED)
+    cases = []
+
+    def case(name: str, module: nn.Module, *xs: torch.Tensor) -> None:
+        cases.append((Case(name, module, [list(x.shape) for x in xs]), list(xs)))
+
+    for seed in range(12):
+        args, x = conv_case(seed)
+        case(f"conv_case{seed}", conv_module(args), x)
+    for seed in range(12):
+        args, x = depthwise_case(seed)
+        case(f"depthwise_case{seed}", conv_module(args), x)
+    # (C, H, W, OC, k, stride, pad, groups)
+    for c, h, w, oc, k, s, p, g in [
+        (37, 17, 19, 45, 3, 1, 1, 1),  # 323 columns: panels and a tail of 3
+        (20, 7, 7, 70, 3, 1, 1, 1),  # 49 columns: a last panel of one
+        (3, 33, 35, 32, 3, 2, 1, 1),  # a first layer: stride-2 im2col of a wide row
+        (3, 31, 45, 19, 7, 2, 3, 1),  # ResNet's first layer, narrower
+        (150, 9, 13, 37, 1, 1, 0, 1),  # deep pointwise
+        (24, 11, 13, 30, 3, 2, 1, 3),  # grouped, stride 2
+    ]:
+        args = dict(xs=rng.uniform(0.01, 0.1), xzp=rng.choice([-128, -9, 0, 40]),
+                    w=i8((oc, c // g, k, k), gen, -127, 127), ws=weight_scales(rng, gen, oc),
+                    b=torch.randn(oc, generator=gen), stride=[s, s], padding=[p, p],
+                    dilation=[1, 1], groups=g, os=0.3 + c / 20, ozp=rng.choice([-5, 0, 11]),
+                    lo=-128, hi=127)  # fmt: skip
+        case(f"conv{c}x{h}x{w}_oc{oc}_k{k}s{s}g{g}", conv_module(args), i8((1, c, h, w), gen))
+    for m, k, o in [(1, 300, 37), (1, 17, 5), (5, 129, 70)]:
+        layer = Op(lambda mod, x: Q.linear(x, 0.05, -3, mod.w, mod.ws, mod.b, 0.6, 2, -128, 127),
+                   w=i8((o, k), gen, -127, 127), ws=weight_scales(rng, gen, o),
+                   b=torch.randn(o, generator=gen))  # fmt: skip
+        case(f"linear_m{m}_k{k}_o{o}", layer, i8((m, k), gen))
+    for shape, kernel, stride, pad in [((2, 3, 21, 75), 3, 2, 1), ((1, 2, 6, 70), 3, 1, 1)]:
+        window = ([kernel] * 2, [stride] * 2, [pad] * 2, [1, 1])
+        pool = Op(lambda mod, x, w=window: Q.max_pool2d(x, *w, False))
+        case(f"max_pool{kernel}s{stride}", pool, i8(shape, gen))
+    add = Op(lambda mod, a, b: Q.add(a, 0.03, -7, b, 0.05, 3, 0.06, -2, -128, 127))
+    case("add", add, i8((2, 5, 9, 37), gen), i8((2, 5, 9, 37), gen))
+    quant = Op(lambda mod, x: Q.quantize_per_tensor(x, 0.037, 5, -128, 127))
+    case("quantize_per_tensor", quant, torch.randn(3, 77, generator=gen) * 3)
+    dequant = Op(lambda mod, x: Q.dequantize_per_tensor(x, 0.021, -4))
+    case("dequantize_per_tensor", dequant, i8((3, 77), gen))
+    return cases
+
+
+@pytest.fixture(scope="session")
+def int8_program(tmp_path_factory: pytest.TempPathFactory) -> Program:
+    pytest.importorskip("torchao")
+    pairs = _int8_cases(random.Random(SEED))
+    cases = [c for c, _ in pairs]
+    suite = Suite(cases).eval()
+    inputs = [x for _, xs in pairs for x in xs]
+    with torch.no_grad():
+        expected = list(suite(*inputs))
+    path = build_with_pipeline(suite, inputs, tmp_path_factory.mktemp("isa_int8_program"))
+    return Program(path, cases, inputs, expected)
+
+
+@pytest.fixture(scope="session")
+def int8_runs(runners, int8_program: Program, tmp_path_factory: pytest.TempPathFactory):
+    return _runs_of(runners, int8_program, tmp_path_factory, "int8")
 
 
 # ---- the tests ------------------------------------------------------------------------------
@@ -313,6 +390,25 @@ def test_kernels_match_torch(runs, program: Program, name, isa, overrides) -> No
             shapes = " ".join(str(s) for s in case.shapes)
             failures.append(f"{case.name} ({shapes}; {case.module}): {exc}")
     assert not failures, f"{isa}: {len(failures)} of {len(outputs)} cases differ from torch:\n" + (
+        "\n".join(failures)
+    )
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+def test_int8_kernels_match_the_reference_exactly(
+    int8_runs, int8_program: Program, name, isa, overrides
+) -> None:
+    """The int8 kernels' results do not depend on the instruction set: each path gives the
+    reference ops' (pipeline/quant/ops.py) outputs bit for bit."""
+    stdout, outputs = int8_runs(name, overrides)
+    assert re.search(rf"^kernel_isa: {isa}$", stdout, re.M), stdout[-2000:]
+    assert len(outputs) == len(int8_program.cases)
+    failures = []
+    for case, got, want in zip(int8_program.cases, outputs, int8_program.expected, strict=True):
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            differ = int((got != want).sum()) if got.shape == want.shape else "all"
+            failures.append(f"{case.name}: {differ} of {want.numel()} elements differ")
+    assert not failures, f"{isa}: {len(failures)} of {len(outputs)} int8 cases differ:\n" + (
         "\n".join(failures)
     )
 
