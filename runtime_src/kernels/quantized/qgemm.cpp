@@ -10,6 +10,8 @@
 
 #if defined(__AVX2__) || defined(__AVX512BW__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace etb {
@@ -185,6 +187,14 @@ inline void multiply_tile(int64_t Kp, const int16_t* const* ar, const int16_t* b
   }
 }
 
+#if defined(__AVX2__)
+inline int32_t hsum(__m256i v) {
+  const __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i y = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(y, _mm_shuffle_epi32(y, 0xb1)));
+}
+#endif
+
 // The sum of n int8 values.
 inline int32_t sum_bytes(const int8_t* a, int64_t n) {
   int64_t k = 0;
@@ -196,17 +206,40 @@ inline int32_t sum_bytes(const int8_t* a, int64_t n) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), ones));
   }
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
-  for (int i = 0; i < 8; ++i) s += lanes[i];
+  s = hsum(acc);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  int32x4_t acc = vdupq_n_s32(0);
+  for (; k + 16 <= n; k += 16) acc = vpadalq_s16(acc, vpaddlq_s8(vld1q_s8(a + k)));
+  s = vaddvq_s32(acc);
 #endif
   for (; k < n; ++k) s += a[k];
   return s;
 }
 
+// sum_k a[k] * b[k] (a linear layer's row times one input row).
 inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64_t K) {
+  int64_t k = 0;
   int32_t s = 0;
-  for (int64_t k = 0; k < K; ++k) s += int32_t(a[k]) * int32_t(b[k]);
+#if defined(__AVX2__)
+  __m256i acc = _mm256_setzero_si256();
+  for (; k + 16 <= K; k += 16) {
+    const __m256i va =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k)));
+    const __m256i vb =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(va, vb));
+  }
+  s = hsum(acc);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  int32x4_t acc = vdupq_n_s32(0);
+  for (; k + 16 <= K; k += 16) {
+    const int8x16_t va = vld1q_s8(a + k), vb = vld1q_s8(b + k);
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(va), vget_low_s8(vb)));  // |a * b| <= 2^14
+    acc = vpadalq_s16(acc, vmull_high_s8(va, vb));
+  }
+  s = vaddvq_s32(acc);
+#endif
+  for (; k < K; ++k) s += int32_t(a[k]) * int32_t(b[k]);
   return s;
 }
 
