@@ -201,6 +201,9 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
         (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3: each task packs and multiplies a column tile
         (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over image, group, tile
         (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: the threads split rows of tiles
+        # weights too big to widen at once: column tiles one after another, each a product
+        # whose B is one block (the last tile has fewer panels than the others)
+        (1, 3, 24, 25, 290, 41, 1, 20, 1),
     ],
 )
 @pytest.mark.parametrize("threads", [2, 3, 4])

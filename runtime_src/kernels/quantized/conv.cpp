@@ -206,9 +206,10 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     const int threads = ctx.num_threads();
     pc = (threads <= 4 ? kColTileBytes : 4 * kColTileBytes / threads) / K;
     pc = pc < 64 ? 64 : (pc / 64) * 64;
-    // With threads, at least four tiles a thread where the plane has columns for them.
-    const int64_t share = (P / (4 * threads) + 63) / 64 * 64;
-    if (threads > 1 && share >= 64 && share < pc) pc = share;
+    // With threads, at least four tiles a thread where the plane has columns for them (in
+    // whole panels of 16: a 14x14 plane's 196 columns make 7 tiles).
+    const int64_t share = (P / (4 * threads) + 15) / 16 * 16;
+    if (threads > 1 && share >= 32 && share < pc) pc = share;
     if (pc > P) pc = P;
     const int64_t tiles = (P + pc - 1) / pc;
     if (threads > 1 && tiles >= 2 * threads && qgemm_packs_whole_a(s.OC, K))
@@ -217,7 +218,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     if (!tmp.ok()) return tmp.error();
     col = static_cast<int8_t*>(tmp.value());
   }
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, K));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, pc, K, ctx.num_threads()));
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
   for (int64_t n = 0; n < s.N; ++n) {

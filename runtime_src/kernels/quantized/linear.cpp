@@ -81,11 +81,11 @@ struct ChannelParams {
   float* mult;      // input scale x weight scale
   float* bias;      // fp32 bias (0 without one)
   int32_t* wsum;    // weight row sums, for the input zero-point correction
-  void* workspace;  // qgemm_workspace_bytes(O, K)
+  void* workspace;  // qgemm_workspace_bytes(O, rows, K, threads)
 };
 
 Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& weight_scales,
-                     const Tensor* bias, float input_scale, int64_t O, int64_t K,
+                     const Tensor* bias, float input_scale, int64_t O, int64_t K, int64_t rows,
                      ChannelParams* c) {
   Result<void*> pm = ctx.allocate_temp(size_t(O) * (2 * sizeof(float) + sizeof(int32_t)));
   if (!pm.ok()) return pm.error();
@@ -98,7 +98,7 @@ Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& wei
     c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
   }
   row_sums(ctx, O, K, weight.data_as<int8_t>(), K, c->wsum);
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(O, K));
+  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(O, rows, K, ctx.num_threads()));
   if (!wsm.ok()) return wsm.error();
   c->workspace = wsm.value();
   return Error::Ok;
@@ -122,7 +122,7 @@ Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
   ETB_TRY(check_channel_params(weight_scales, bias, O, op));
   if (out.numel() == 0) return Error::Ok;
   ChannelParams c;
-  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, float(input_scale), O, K, &c));
+  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, float(input_scale), O, K, rows, &c));
   LinearEpilogue e{
       c.wsum,  c.mult, c.bias,         int32_t(input_zero_point), q, out.data_as<int8_t>(),
       nullptr, O,      bias != nullptr};
@@ -173,7 +173,7 @@ Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& 
     xq[i] = int8_t(int32_t(r));
   }
   ChannelParams c;
-  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, &c));
+  ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, rows, &c));
   LinearEpilogue e{c.wsum, c.mult,         c.bias, zp, q, nullptr, out.data_as<float>(),
                    O,      bias != nullptr};
   qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);

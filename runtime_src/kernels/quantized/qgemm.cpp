@@ -26,7 +26,7 @@ constexpr int64_t kMR = 4, kNR = 16;  // 8 ymm accumulators (6 rows spilled them
 constexpr int64_t kMR = 4, kNR = 8;
 #endif
 constexpr int64_t kBlockBytes = 192 * 1024;  // packed B block: stays in L2 across A slivers
-constexpr int64_t kAChunkBytes = 1 << 20;    // packed A rows: packed once per call, reused by
+constexpr int64_t kAChunkBytes = 2 << 20;    // packed A rows: packed once per call, reused by
                                              // every B block (bigger A: chunks of rows)
 constexpr int64_t kSmallN = 4;               // fewer columns: plain dot products
 
@@ -42,6 +42,16 @@ int64_t block_cols(int64_t K) {
   int64_t nc = kBlockBytes / (pairs(K) * 4);
   nc = (nc / kNR) * kNR;
   return nc < kNR ? kNR : nc;
+}
+
+// Columns of B per packed block for an M x N x K product on `threads` threads. With threads
+// and few panels (the threads then split rows, not columns: see qgemm) all of B is one block,
+// so that each chunk of A takes one pack loop and one multiply loop rather than one pair per
+// block (a 7x7 plane's 49 columns at depth 4608 would be 4 blocks of one panel).
+int64_t b_block_cols(int64_t N, int64_t K, int threads) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  if (threads > 1 && panels < 4 * int64_t(threads)) return panels * kNR > kNR ? panels * kNR : kNR;
+  return block_cols(K);
 }
 
 inline size_t align64(size_t n) {
@@ -301,9 +311,12 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
   multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panel, fn, ctx);
 }
 
-size_t qgemm_workspace_bytes(int64_t M, int64_t K) {
+size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
   const size_t Kp = size_t(pairs(K > 0 ? K : 1));
-  return align64(size_t(block_cols(K)) * Kp * 4) +
+  // Room for the B block of a product of any N' <= N columns.
+  const int64_t few = threads > 1 ? min64(N, (4 * int64_t(threads) - 1) * kNR) : 0;
+  const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = block_cols(K);
+  return align64(size_t(few_cols > cols ? few_cols : cols) * Kp * 4) +
          align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
 }
 
@@ -347,7 +360,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   // A is packed in chunks of rows once, then every block of B columns is packed once and
   // multiplied by every packed sliver of the chunk.
   const int64_t Kp = pairs(K);
-  const int64_t nc_max = block_cols(K), mc_max = chunk_rows(M, K);
+  const int64_t nc_max = b_block_cols(N, K, kctx.num_threads()), mc_max = chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
   int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
                                               align64(size_t(nc_max) * size_t(Kp) * 4));

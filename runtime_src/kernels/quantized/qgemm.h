@@ -16,8 +16,9 @@ namespace quantized {
 using QTileFn = void (*)(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr,
                          const int32_t* acc, int64_t acc_ld);
 
-/// Bytes of workspace (64-byte aligned) qgemm needs for M rows of A and depth K.
-size_t qgemm_workspace_bytes(int64_t M, int64_t K);
+/// Bytes of workspace (64-byte aligned) qgemm needs for an M x N x K product on `threads`
+/// threads (KernelContext::num_threads()).
+size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads);
 
 /// C[M x N] = A[M x K] * B[K x N] in int32, delivered tile by tile to `fn`.
 /// A is row-major with leading dimension lda (the weights); element (k, n) of B is
