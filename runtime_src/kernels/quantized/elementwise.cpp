@@ -1,5 +1,7 @@
 // The int8 kernels that are not GEMMs: quantize / dequantize at fp32 boundaries, add (with
 // broadcasting), mean over dims and max pooling (pipeline/quant/ops.py).
+#include <algorithm>
+
 #include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
 #include "kernels/quantized/requant.h"
@@ -302,9 +304,8 @@ Error max_pool2d_out(KernelContext& ctx, const Tensor& input, Span<const int64_t
           continue;
         }
         // The window's rows inside the plane (padding is -128, below every value).
-        int64_t i_lo = 0, i_hi = kh;
-        while (i_lo < kh && h0 + i_lo * dh < 0) ++i_lo;
-        while (i_hi > i_lo && h0 + (i_hi - 1) * dh >= H) --i_hi;
+        const int64_t i_lo = h0 >= 0 ? 0 : std::min(kh, (-h0 + dh - 1) / dh);
+        const int64_t i_hi = h0 >= H ? i_lo : std::max(i_lo, std::min(kh, (H - h0 + dh - 1) / dh));
         for (int64_t ow0 = 0; ow0 < OW; ow0 += chunk) {
           const int64_t n = OW - ow0 < chunk ? OW - ow0 : chunk;
           const int64_t w0 = ow0 * sw - pw, starts = (n - 1) * sw + 1, span = starts + reach;
