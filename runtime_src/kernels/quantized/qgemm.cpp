@@ -2,8 +2,9 @@
 // side by side), A widened to int16 rows. The micro-kernel then multiplies a
 // broadcast pair of A by a vector of B pairs and adds both products into int32 lanes in one
 // instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), holding a kMR x kNR tile of
-// accumulators in registers across the whole depth. Without AVX2 a plain C++ micro-kernel
-// does the same on the same packing. Sums are exact: |int8 * int8| <= 2^14.
+// accumulators in registers across the whole depth. aarch64 multiplies the two halves of
+// each pair with NEON vmlal on the same packing; elsewhere a plain C++ micro-kernel does.
+// Sums are exact: |int8 * int8| <= 2^14.
 #include "kernels/quantized/qgemm.h"
 
 #include <cstring>
@@ -175,6 +176,31 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR + 8 * v), c[i][v]);
+}
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+// kNR = 8 columns: two int32x4 accumulators a row. vld2q_s16 splits a kp step's 8 pairs into
+// the 8 values of row 2kp and of row 2kp + 1 of B; each is multiplied by its element of A and
+// added with vmlal (int16 x int16 -> int32).
+template <int kVecs>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+  int32x4_t c[kMR][kVecs];
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v) c[i][v] = vdupq_n_s32(0);
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    const int16x8x2_t b = vld2q_s16(bp);
+    for (int64_t i = 0; i < kMR; ++i) {
+      const int16_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
+      c[i][0] = vmlal_n_s16(c[i][0], vget_low_s16(b.val[0]), a0);
+      c[i][0] = vmlal_n_s16(c[i][0], vget_low_s16(b.val[1]), a1);
+      if (kVecs == 2) {
+        c[i][kVecs - 1] = vmlal_high_n_s16(c[i][kVecs - 1], b.val[0], a0);
+        c[i][kVecs - 1] = vmlal_high_n_s16(c[i][kVecs - 1], b.val[1], a1);
+      }
+    }
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v) vst1q_s32(tile + i * kNR + 4 * v, c[i][v]);
 }
 #else
 template <int kVecs>
