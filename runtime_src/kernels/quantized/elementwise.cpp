@@ -317,8 +317,7 @@ Error max_pool2d_out(KernelContext& ctx, const Tensor& input, Span<const int64_t
           if (i_lo == i_hi) {
             for (int64_t t = t_lo; t < t_hi; ++t) rows[t] = -128;
           } else {
-            const int8_t* r0 = xp + (h0 + i_lo * dh) * W + w0;
-            for (int64_t t = t_lo; t < t_hi; ++t) rows[t] = r0[t];
+            copy_run(rows + t_lo, xp + (h0 + i_lo * dh) * W + w0 + t_lo, t_hi - t_lo);
             for (int64_t i = i_lo + 1; i < i_hi; ++i)
               max_bytes(rows + t_lo, rows + t_lo, xp + (h0 + i * dh) * W + w0 + t_lo, t_hi - t_lo);
           }

@@ -51,13 +51,18 @@ int64_t block_cols(int64_t K) {
   return nc < kNR ? kNR : nc;
 }
 
+// With threads, qgemm splits columns (runs of panels) when there are at least this many panels
+// a thread, else rows.
+constexpr int64_t kColumnSplitPanels = 4;
+
 // Columns of B per packed block for an M x N x K product on `threads` threads. With threads
 // and few panels (the threads then split rows, not columns: see qgemm) all of B is one block,
 // so that each chunk of A takes one pack loop and one multiply loop rather than one pair per
 // block (a 7x7 plane's 49 columns at depth 4608 would be 4 blocks of one panel).
 int64_t b_block_cols(int64_t N, int64_t K, int threads) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  if (threads > 1 && panels < 4 * int64_t(threads)) return panels * kNR > kNR ? panels * kNR : kNR;
+  if (threads > 1 && panels < kColumnSplitPanels * threads)
+    return panels * kNR > kNR ? panels * kNR : kNR;
   return block_cols(K);
 }
 
@@ -346,7 +351,7 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
 size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
   const size_t Kp = size_t(pairs(K > 0 ? K : 1));
   // Room for the B block of a product of any N' <= N columns.
-  const int64_t few = threads > 1 ? min64(N, (4 * int64_t(threads) - 1) * kNR) : 0;
+  const int64_t few = threads > 1 ? min64(N, (kColumnSplitPanels * threads - 1) * kNR) : 0;
   const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = block_cols(K);
   return align64(size_t(few_cols > cols ? few_cols : cols) * Kp * 4) +
          align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
@@ -392,16 +397,18 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   // A is packed in chunks of rows once, then every block of B columns is packed once and
   // multiplied by every packed sliver of the chunk.
   const int64_t Kp = pairs(K);
-  const int64_t nc_max = b_block_cols(N, K, kctx.num_threads()), mc_max = chunk_rows(M, K);
+  const int threads = kctx.num_threads();
+  const int64_t nc_max = b_block_cols(N, K, threads), mc_max = chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
   int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
                                               align64(size_t(nc_max) * size_t(Kp) * 4));
+  const int64_t panels = (N + kNR - 1) / kNR;
+  const bool split_columns =
+      threads > 1 && panels >= kColumnSplitPanels * threads && nc_max / kNR >= threads;
   for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
     const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
     qgemm_pack_a(kctx, mc, K, A + mc0 * lda, lda, apack);
-    const int threads = kctx.num_threads();
-    const int64_t panels = (N + kNR - 1) / kNR;
-    if (threads > 1 && panels >= 4 * threads && nc_max / kNR >= threads) {
+    if (split_columns) {
       // Many columns: one loop in which the threads split runs of panels, each packing its
       // panels into a panel of the B block's memory of its own.
       const int64_t runs = min64(panels, 8 * int64_t(threads));
