@@ -80,6 +80,8 @@ struct MethodState {
   Buffer temp_buffer;
   etb::MemoryAllocator temp_alloc;
   etb::MemoryManager memory;
+  Buffer prepared_buffer;  // the weights the kernels packed at load (Method::prepare)
+  size_t prepared_bytes = 0;
   std::optional<etb::Method> method;
   size_t num_instructions = 0;
 };
@@ -128,8 +130,8 @@ nb::dict tensor_info_dict(const etb::TensorInfo& info) {
 
 class PyProgram {
  public:
-  PyProgram(const std::string& path, int threads, int64_t instruction_budget)
-      : budget_(uint64_t(instruction_budget)) {
+  PyProgram(const std::string& path, int threads, int64_t instruction_budget, bool prepare)
+      : budget_(uint64_t(instruction_budget)), prepare_(prepare) {
     if (threads < 1) throw Error("threads must be >= 1, got " + std::to_string(threads));
     if (instruction_budget < 0)
       throw Error("instruction_budget must be >= 1 (0: the program's default), got " +
@@ -212,6 +214,12 @@ class PyProgram {
 
   std::vector<std::pair<std::string, double>> last_profile() const { return last_profile_; }
 
+  size_t prepared_bytes(const std::string& name) {
+    std::unique_lock<std::mutex> lock(run_mu_);
+    if (methods_.find(name) == methods_.end()) init_method_locked(name, std::nullopt, 8u << 20);
+    return methods_[name]->prepared_bytes;
+  }
+
  private:
   void init_method_locked(const std::string& name,
                           std::optional<std::vector<int64_t>> bank_sizes, size_t temp_bytes) {
@@ -248,6 +256,13 @@ class PyProgram {
     etb::Result<etb::Method> m = program_->load_method(name.c_str(), st->memory);
     if (!m.ok()) raise(m.error());
     st->method.emplace(std::move(m.value()));
+    if (prepare_ && st->method->prepared_bytes() > 0) {
+      st->prepared_bytes = st->method->prepared_bytes();
+      st->prepared_buffer = aligned_buffer(st->prepared_bytes);
+      etb::Error e = st->method->prepare(
+          etb::Span<uint8_t>(st->prepared_buffer.get(), st->prepared_bytes));
+      if (e != etb::Error::Ok) raise(e);
+    }
     st->method->set_parallel(pool_.get());
     st->method->set_instruction_budget(budget_);
     methods_[name] = std::move(st);
@@ -338,6 +353,7 @@ class PyProgram {
   std::mutex run_mu_;  // held by run() and init_method()
   std::unique_ptr<etb::ThreadPool> pool_;  // outlives the methods (declared first)
   uint64_t budget_ = 0;  // instructions a run may execute (0: the program's default)
+  bool prepare_ = true;  // pack the weights for the kernels when a method is initialised
   std::unique_ptr<etb::FileDataLoader> loader_;
   std::optional<etb::Program> program_;
   std::map<std::string, std::unique_ptr<MethodState>> methods_;
@@ -365,18 +381,23 @@ NB_MODULE(runtime, m) {
            nb::arg("profile") = false,
            "Run a method on a list of tensors; returns a list of tensors. Calls from several "
            "threads take turns (one run at a time per program).")
+      .def("prepared_bytes", &PyProgram::prepared_bytes, nb::arg("name") = "forward",
+           "Bytes of weights the kernels packed when the method was initialised (0 when "
+           "loaded with prepare=False or when no kernel packs any).")
       .def_prop_ro("last_profile", &PyProgram::last_profile,
                    "(op name, seconds) per instruction of the last run(profile=True).");
 
   m.def(
       "load",
-      [](const std::string& path, int threads, int64_t instruction_budget) {
-        return new PyProgram(path, threads, instruction_budget);
+      [](const std::string& path, int threads, int64_t instruction_budget, bool prepare) {
+        return new PyProgram(path, threads, instruction_budget, prepare);
       },
       nb::arg("path"), nb::arg("threads") = 1, nb::arg("instruction_budget") = 0,
+      nb::arg("prepare") = true,
       "Load a program file (read into memory); its kernels split their work over `threads`, and a "
       "run stops with an error after `instruction_budget` instructions (0: the program's "
-      "default, which only a looping program can reach).");
+      "default, which only a looping program can reach). With `prepare`, each method packs "
+      "its weights for the kernels once, when it is initialised (more memory, faster calls).");
   m.def("registered_kernels", []() {
     std::vector<std::string> names;
     for (const etb::Kernel& k : etb::registered_kernels()) names.emplace_back(k.name);

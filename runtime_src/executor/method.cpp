@@ -241,6 +241,37 @@ Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t
   return fail(first, "method '%s': %s (%zu kernel calls in all)", method, problems, num_failed);
 }
 
+// ---- load-time preparation -------------------------------------------------------------
+// Runs the prepare hook of every kernel call that has one, each over its own part of `memory`
+// (nullptr: the sizing pass, where the hooks only count), and sets `*bytes` to the total
+// taken. In the filling pass each call's `prepared` points at its part, or is nullptr when
+// the hook took nothing. Calls reading a moved value are left alone: their arguments can
+// change between calls.
+Error run_prepare_hooks(Method::Instr* instrs, size_t n, const char* const* op_names,
+                        const EValue* values, uint8_t* memory, size_t capacity, size_t* bytes) {
+  bool has_moves = false;
+  for (size_t i = 0; i < n; ++i) has_moves = has_moves || instrs[i].kind == Method::Kind::Move;
+  size_t used = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Method::Instr& in = instrs[i];
+    if (in.kind != Method::Kind::Kernel) continue;
+    const Kernel* k = find_kernel_entry(op_names[in.a]);
+    if (k == nullptr || k->prepare == nullptr) continue;
+    if (has_moves && reads_moved_value(instrs, n, in, values)) continue;
+    PrepareContext pctx(memory != nullptr ? memory + used : nullptr,
+                        memory != nullptr ? capacity - used : 0);
+    Error e = k->prepare(pctx, Span<EValue*>(in.args, in.num_args));
+    if (e != Error::Ok) {
+      prefix_error_message("instruction %zu (%s): preparing: ", i, op_names[in.a]);
+      return e;
+    }
+    if (memory != nullptr) in.prepared = pctx.used() > 0 ? memory + used : nullptr;
+    used += pctx.used();
+  }
+  *bytes = used;
+  return Error::Ok;
+}
+
 // ---- activation fusion -------------------------------------------------------------------
 // A relu, hardtanh or clamp that directly follows a kernel registered with fuses_clamp, and
 // reads only that kernel's output, is applied in the kernel's epilogue: the kernel writes the
@@ -554,7 +585,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
       if (!chain->instructions()) continue;
       for (const fb::Instruction* in : *chain->instructions()) {
         Method::Instr& out = m.instrs_[pc];
-        out = Method::Instr{Method::Kind::Free, 0, 0, nullptr, 0, OutputClamp()};
+        out = Method::Instr{Method::Kind::Free, 0, 0, nullptr, 0, OutputClamp(), nullptr};
         switch (in->instr_args_type()) {
           case fb::InstructionArguments_KernelCall: {
             const fb::KernelCall* k = in->instr_args_as_KernelCall();
@@ -615,6 +646,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
   ETB_TRY(check_kernel_calls(name, m.instrs_, pc, m.op_names_, values));
   fuse_activations(m.instrs_, pc, m.op_names_, values, m.inputs_, m.num_inputs_, m.outputs_,
                    m.num_outputs_);
+  ETB_TRY(run_prepare_hooks(m.instrs_, pc, m.op_names_, values, nullptr, 0, &m.prepared_bytes_));
   m.temp_ = memory.temp_allocator;
   bool loops = false;  // a jump back can repeat instructions
   for (size_t i = 0; i < pc; ++i)
@@ -635,7 +667,8 @@ Method::Method(Method&& o) noexcept
       delegates_(o.delegates_), num_delegates_(o.num_delegates_), temp_(o.temp_),
       parallel_(o.parallel_),
       profile_(o.profile_), profile_capacity_(o.profile_capacity_),
-      profile_count_(o.profile_count_), default_budget_(o.default_budget_), budget_(o.budget_) {
+      profile_count_(o.profile_count_), default_budget_(o.default_budget_), budget_(o.budget_),
+      prepared_bytes_(o.prepared_bytes_) {
   o.num_delegates_ = 0;
   o.delegates_ = nullptr;
 }
@@ -643,6 +676,24 @@ Method::Method(Method&& o) noexcept
 Method::~Method() {
   for (size_t i = 0; i < num_delegates_; ++i)
     delegates_[i].backend->destroy(delegates_[i].handle);
+}
+
+Error Method::prepare(Span<uint8_t> memory) {
+  if (prepared_bytes_ == 0) return Error::Ok;
+  if (memory.size() < prepared_bytes_ || (reinterpret_cast<uintptr_t>(memory.data()) & 63) != 0)
+    return fail(Error::InvalidArgument,
+                "prepare: needs %zu bytes at a 64-byte aligned address (Method::prepared_bytes()), "
+                "got %zu bytes at %p",
+                prepared_bytes_, memory.size(), static_cast<const void*>(memory.data()));
+  size_t used = 0;
+  Error e = run_prepare_hooks(instrs_, num_instrs_, op_names_, values_, memory.data(),
+                              memory.size(), &used);
+  if (e == Error::Ok && used != prepared_bytes_)
+    e = fail(Error::Internal, "prepare: the kernels took %zu bytes, %zu when sized", used,
+             prepared_bytes_);
+  if (e != Error::Ok)  // no call keeps memory that was half filled
+    for (size_t i = 0; i < num_instrs_; ++i) instrs_[i].prepared = nullptr;
+  return e;
 }
 
 Result<const EValue*> Method::input(size_t i) const {
@@ -744,7 +795,7 @@ Error Method::execute() {
     const char* name = nullptr;
     switch (in.kind) {
       case Kind::Kernel: {
-        KernelContext ctx(temp_, in.clamp, parallel_);
+        KernelContext ctx(temp_, in.clamp, parallel_, in.prepared);
         Error e = kernels_[in.a](ctx, Span<EValue*>(in.args, in.num_args));
         if (temp_ != nullptr) temp_->reset();
         if (e != Error::Ok) {

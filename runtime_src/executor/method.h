@@ -49,6 +49,17 @@ class Method {
   /// Output i after execute().
   Result<const EValue*> output(size_t i) const;
 
+  /// Bytes of memory prepare() wants: what the kernels' prepare hooks make of the program's
+  /// constants (weights packed for their micro-kernels). 0 when no call has anything to
+  /// prepare.
+  size_t prepared_bytes() const { return prepared_bytes_; }
+  /// Has every kernel call with a prepare hook fill its part of `memory` (prepared_bytes()
+  /// bytes, 64-byte aligned, kept alive and unchanged as long as the method runs), so that
+  /// no call repeats that work. Optional: an unprepared method computes the same outputs,
+  /// each call doing the work itself (a bare-metal app may keep the RAM instead).
+  /// Not while execute() runs.
+  Error prepare(Span<uint8_t> memory);
+
   /// Threads the kernels may split their work over (nullptr: the calling thread only, the
   /// default). The Parallel must outlive the calls to execute().
   void set_parallel(Parallel* parallel) { parallel_ = parallel; }
@@ -85,7 +96,8 @@ class Method {
     int32_t b;  // move_to, jump destination
     EValue** args;
     uint32_t num_args;
-    OutputClamp clamp;  // kernel calls: the activation fused into the call
+    OutputClamp clamp;     // kernel calls: the activation fused into the call
+    const void* prepared;  // kernel calls: what the prepare hook filled, or nullptr
   };
   /// A resolved delegate.
   struct Delegate {
@@ -120,6 +132,7 @@ class Method {
   size_t profile_count_ = 0;
   uint64_t default_budget_ = 0;
   uint64_t budget_ = 0;
+  size_t prepared_bytes_ = 0;
 };
 
 }  // namespace etb

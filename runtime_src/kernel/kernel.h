@@ -24,16 +24,21 @@ struct OutputClamp {
 };
 
 /// What a kernel sees besides its arguments: a temp allocator that is reset after the call,
-/// the output clamp fused into this call, and the threads it may split its work over.
+/// the output clamp fused into this call, the threads it may split its work over and what its
+/// prepare hook made of the call's constants at load.
 class KernelContext {
  public:
   explicit KernelContext(MemoryAllocator* temp, OutputClamp clamp = OutputClamp(),
-                         Parallel* parallel = nullptr)
-      : temp_(temp), clamp_(clamp), parallel_(parallel) {}
+                         Parallel* parallel = nullptr, const void* prepared = nullptr)
+      : temp_(temp), clamp_(clamp), parallel_(parallel), prepared_(prepared) {}
   /// Scratch memory valid until the kernel returns, or an error when none is left.
   Result<void*> allocate_temp(size_t n, size_t align = 64);
   /// The activation fused into this call (only kernels registered with fuses_clamp get one).
   const OutputClamp& output_clamp() const { return clamp_; }
+  /// The memory this call's prepare hook filled at load (64-byte aligned), or nullptr when
+  /// the method was not prepared or the hook took none: the kernel then works from its
+  /// arguments alone.
+  const void* prepared() const { return prepared_; }
   /// Threads a parallel_for may use (1: the calling thread only).
   int num_threads() const { return parallel_ != nullptr ? parallel_->num_threads() : 1; }
   /// Runs fn(ctx, task, thread) for every task in [0, n) over the threads and returns when all
@@ -57,17 +62,50 @@ class KernelContext {
 #endif
   }
 
-  /// This call's context for the work inside one task of a parallel loop: the same clamp, no
-  /// threads (the loop already has them) and no temp memory (take it before the loop).
+  /// This call's context for the work inside one task of a parallel loop: the same clamp and
+  /// prepared memory, no threads (the loop already has them) and no temp memory (take it
+  /// before the loop).
   KernelContext within_task() const {
-    return KernelContext(nullptr, clamp_, nullptr);
+    return KernelContext(nullptr, clamp_, nullptr, prepared_);
   }
 
  private:
   MemoryAllocator* temp_;
   OutputClamp clamp_;
   Parallel* parallel_;
+  const void* prepared_;
 };
+
+/// The memory a kernel's prepare hook fills once, at load, from a call's constant arguments
+/// (weights in the layout of its micro-kernel), so that no call repeats that work.
+/// Method::prepare runs every hook twice: a sizing pass without memory, in which take()
+/// counts the bytes and returns nullptr, then a filling pass over memory of that size.
+class PrepareContext {
+ public:
+  /// Sizing pass: data == nullptr. Filling pass: `capacity` bytes at `data` (64-aligned).
+  PrepareContext(void* data, size_t capacity)
+      : data_(static_cast<uint8_t*>(data)), capacity_(capacity) {}
+  /// `n` bytes (64-byte aligned) for the hook to fill; nullptr in the sizing pass or when
+  /// the memory is short (the hook then leaves this call unprepared).
+  void* take(size_t n) {
+    const size_t start = used_;
+    used_ += (n + 63) & ~size_t(63);
+    if (data_ == nullptr || used_ > capacity_) return nullptr;
+    return data_ + start;
+  }
+  /// Bytes taken so far.
+  size_t used() const { return used_; }
+
+ private:
+  uint8_t* data_;
+  size_t capacity_;
+  size_t used_ = 0;
+};
+
+/// A kernel's prepare hook (see PrepareContext): it may take memory only from arguments
+/// that cannot change between calls (constant tensors: Tensor::read_only()), must take the
+/// same bytes in both passes, and takes none when the call does not pay for it.
+using KernelPrepareFn = Error (*)(PrepareContext& pctx, Span<EValue*> args);
 
 /// A boxed kernel: arguments as the program lists them (schema args, then the return).
 using KernelFn = Error (*)(KernelContext& ctx, Span<EValue*> args);
@@ -84,6 +122,7 @@ struct Kernel {
   KernelFn fn;
   KernelCheckFn check = nullptr;  // nullptr: nothing is checked at load
   bool fuses_clamp = false;       // applies KernelContext::output_clamp() to its output
+  KernelPrepareFn prepare = nullptr;  // load-time preparation of constants, or nullptr
 };
 
 /// Adds kernels to the process-wide registry (a fixed-size table, no heap).

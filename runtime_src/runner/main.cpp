@@ -114,8 +114,10 @@ int usage() {
   fprintf(stderr,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
           "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
-          "                  [--instruction-budget N]\n"
+          "                  [--instruction-budget N] [--no-prepare]\n"
           "       etb_runner --isa\n"
+          "--no-prepare leaves the weights as the program stores them (less memory; each call\n"
+          "             then packs its own)\n"
           "--instruction-budget stops a run after N instructions (default: from the program)\n"
           "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
           "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n");
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
   std::vector<const char*> input_paths;
   int iters = 10, warmup = 1, threads = 1;
   long long budget = 0;  // 0: the program's default
-  bool profile = false;
+  bool profile = false, prepare = true;
   const char* output_dir = nullptr;
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--input") && i + 1 < argc) input_paths.push_back(argv[++i]);
@@ -144,6 +146,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--method") && i + 1 < argc) method_name = argv[++i];
     else if (!strcmp(argv[i], "--profile")) profile = true;
+    else if (!strcmp(argv[i], "--no-prepare")) prepare = false;
     else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) output_dir = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--instruction-budget") && i + 1 < argc) budget = atoll(argv[++i]);
@@ -199,6 +202,19 @@ int main(int argc, char** argv) {
   etb::Result<etb::Method> method = program->load_method(method_name, mm);
   if (!method.ok()) return die("init");
   method->set_instruction_budget(uint64_t(budget));
+  // Weights packed for the kernels once, here, rather than in every call.
+  const size_t prepared_bytes = prepare ? method->prepared_bytes() : 0;
+  if (prepared_bytes > 0) {
+    void* p = aligned_buffer(prepared_bytes);
+    if (p == nullptr) {
+      fprintf(stderr, "etb_runner: out of memory for %zu bytes of prepared weights\n",
+              prepared_bytes);
+      return 1;
+    }
+    if (method->prepare(etb::Span<uint8_t>(static_cast<uint8_t*>(p), prepared_bytes)) !=
+        etb::Error::Ok)
+      return die("prepare");
+  }
   std::unique_ptr<etb::ThreadPool> pool;
   if (threads > 1) {
     pool = std::make_unique<etb::ThreadPool>(threads);
@@ -263,6 +279,7 @@ int main(int argc, char** argv) {
   auto pct = [&](double q) { return times[size_t(q * double(times.size() - 1) + 0.5)]; };
   printf("kernel_isa: %s\n", etb::kernel_isa());
   printf("threads: %d\n", pool ? pool->num_threads() : 1);
+  printf("prepared_bytes: %zu\n", prepared_bytes);
   printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),
          times.size());
   if (profile) {

@@ -46,9 +46,21 @@ def test_deterministic_and_write_if_changed(tmp_path):
     assert "Error register_all_kernels()" in cpp
     assert (
         '{"aten::convolution.out", &wrap_aten__convolution_out, '
-        "&wrap_aten__convolution_out_check, true}" in cpp  # fuses_clamp in ops_yaml
+        "&wrap_aten__convolution_out_check, true, nullptr}" in cpp  # fuses_clamp in ops_yaml
     )
-    assert '{"aten::add.out", &wrap_aten__add_out, &wrap_aten__add_out_check, false}' in cpp
+    assert (
+        '{"aten::add.out", &wrap_aten__add_out, &wrap_aten__add_out_check, false, nullptr}' in cpp
+    )
+    # `prepare: true` in ops_yaml: a load-time hook, declared beside the kernel.
+    assert (
+        '{"etb_quantized::conv2d.out", &wrap_etb_quantized__conv2d_out, '
+        "&wrap_etb_quantized__conv2d_out_check, false, &wrap_etb_quantized__conv2d_out_prepare}"
+        in cpp
+    )
+    assert (
+        "Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input"
+        in (a / "native_functions.h").read_text()
+    )
     # No static initializers: registration happens only in register_all_kernels().
     assert "__attribute__((constructor))" not in cpp and "static bool" not in cpp
 

@@ -90,7 +90,8 @@ def test_table_reflects_the_selection(tmp_path):
     # The generated check of add.out takes its selected dtypes from the same table.
     cpp = (tmp_path / "sel" / "register_kernels.cpp").read_text()
     assert 'selected_dtypes("aten::add.out", "self")' in cpp
-    assert '{"aten::add.out", &wrap_aten__add_out, &wrap_aten__add_out_check, false}' in cpp
+    entry = '{"aten::add.out", &wrap_aten__add_out, &wrap_aten__add_out_check, false, nullptr}'
+    assert entry in cpp
 
 
 CONSTEXPR_TU = """

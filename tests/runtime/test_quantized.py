@@ -44,11 +44,18 @@ class Op(nn.Module):
 def run_exact(
     rt, pipeline_program, module: nn.Module, inputs: list[torch.Tensor], threads: int = 1
 ) -> None:
+    """The program of ``module`` gives the reference's output exactly, with its weights
+    prepared at load (the default) and without (each call packs its own)."""
     module.eval()
     with torch.no_grad():
         want = module(*inputs)
-    prog = rt.load(str(pipeline_program(module, inputs)), threads=threads)
-    (got,) = prog.run(list(inputs))
+    pte = str(pipeline_program(module, inputs))
+    for prepare in (True, False):
+        (got,) = rt.load(pte, threads=threads, prepare=prepare).run(list(inputs))
+        assert_exact(got, want)
+
+
+def assert_exact(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
     if want.dtype == torch.int8:
         diff = (got.int() - want.int()).abs()
@@ -376,6 +383,62 @@ def test_dynamic_linear_randomized(rt, pipeline_program, seed):
         b=None if seed % 2 else torch.randn(o, generator=gen),
     )
     run_exact(rt, pipeline_program, module, [x])
+
+
+def test_weights_are_prepared_at_load_only_where_the_kernel_packs_them(rt, pipeline_program):
+    """Convolutions through the GEMM and linear layers pack their constant weights once, at
+    load: more memory than the int8 weights themselves (widened to int16); a depthwise
+    convolution (its direct kernel reads the weights as stored) and prepare=False take none."""
+    gen = torch.Generator().manual_seed(5)
+    rng = random.Random(5)
+    conv = dict(xs=0.04, xzp=-9, w=i8((24, 16, 3, 3), gen, -127, 127),
+                ws=weight_scales(rng, gen, 24), b=torch.randn(24, generator=gen),
+                stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1, os=0.8, ozp=4,
+                lo=-128, hi=127)  # fmt: skip
+    depthwise = dict(conv, w=i8((16, 1, 3, 3), gen, -127, 127), ws=weight_scales(rng, gen, 16),
+                     b=torch.randn(16, generator=gen), groups=16)  # fmt: skip
+    x = i8((1, 16, 12, 12), gen)
+    pte = str(pipeline_program(conv_module(conv), [x]))
+    assert rt.load(pte).prepared_bytes() >= 2 * 24 * 16 * 9
+    assert rt.load(pte, prepare=False).prepared_bytes() == 0
+    assert rt.load(str(pipeline_program(conv_module(depthwise), [x]))).prepared_bytes() == 0
+    linear = Op(
+        lambda m, x: Q.linear(x, 0.05, 3, m.w, m.ws, None, 0.4, 0, -128, 127),
+        w=i8((40, 64), gen, -127, 127),
+        ws=weight_scales(rng, gen, 40),
+    )
+    pte = str(pipeline_program(linear, [i8((8, 64), gen)]))
+    assert rt.load(pte).prepared_bytes() >= 2 * 40 * 64
+
+
+def test_prepared_linear_with_a_dynamic_batch_is_exact_at_every_size(rt, tmp_path):
+    """A batch-dynamic linear layer is prepared for its bound (16 rows: packed weights) and
+    runs exactly at every batch size, including the few rows that take the dot products."""
+    from rt_helpers import build_with_pipeline
+
+    rng = random.Random(11)
+    gen = torch.Generator().manual_seed(11)
+
+    class Linear(Op):  # forward's argument named as the config's input, for its dynamic dim
+        def forward(self, features):
+            return Q.linear(features, 0.03, -7, self.w, self.ws, self.b, 0.3, 2, -128, 127)
+
+    module = Linear(
+        None,
+        w=i8((33, 64), gen, -127, 127),
+        ws=weight_scales(rng, gen, 33),
+        b=torch.randn(33, generator=gen),
+    ).eval()
+    # The mlp config's input: `features` [4, 64], dim 0 dynamic in [1, 16].
+    pte = build_with_pipeline(module, [i8((4, 64), gen)], tmp_path / "run", overrides=())
+    prepared, unprepared = rt.load(str(pte)), rt.load(str(pte), prepare=False)
+    assert prepared.prepared_bytes() > 0
+    for batch in (1, 3, 4, 5, 16):
+        x = i8((batch, 64), gen)
+        with torch.no_grad():
+            want = module(x)
+        assert_exact(prepared.run([x])[0], want)
+        assert_exact(unprepared.run([x])[0], want)
 
 
 # ---- add, mean, max_pool2d, quantize, dequantize --------------------------------------------

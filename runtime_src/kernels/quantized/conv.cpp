@@ -2,8 +2,9 @@
 // accumulation and per-output-channel requantization (pipeline/quant/ops.py `conv2d`).
 //
 // The input zero point is not subtracted per element: sum_k (x - zp) * w is computed as
-// sum_k x * w - zp * sum_k w with the weight row sums taken once per call (im2col pads with
-// zp, whose term then cancels). Four paths:
+// sum_k x * w - zp * sum_k w with the weight row sums (im2col pads with zp, whose term then
+// cancels). The GEMM paths take the row sums and the widened weights from the prepare hook's
+// block when the method was prepared (once, at load), else compute them per call. Four paths:
 //   - pointwise (1x1, stride 1, no padding): one int8 GEMM per image and group;
 //   - depthwise (one input channel per group) with a square 3x3 or 5x5 kernel, stride 1 or 2
 //     and no dilation: depthwise.cpp, direct int16 x int16 -> int32 sums (SIMD with AVX2);
@@ -80,24 +81,29 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
   return Error::Ok;
 }
 
-// The im2col path as one parallel loop: the weights are widened once, then each task packs
-// one column tile (of pc columns) of one image and group into its thread's buffer and
-// multiplies it there.
+// The im2col path as one parallel loop: the weights are widened once (unless `pw` has them),
+// then each task packs one column tile (of pc columns) of one image and group into its
+// thread's buffer and multiplies it there.
 Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
-                        const int8_t* w, const int32_t* wsum, const float* mult, const float* bias,
-                        const OutQuant& q, int64_t pc, int8_t* y) {
+                        const int8_t* w, const PreparedWeights& pw, const int32_t* wsum,
+                        const float* mult, const float* bias, const OutQuant& q, int64_t pc,
+                        int8_t* y) {
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
   const int64_t P = s.OH * s.OW, tiles = (P + pc - 1) / pc;
-  const size_t a_bytes = qgemm_packed_a_bytes(oc_g, K);
   const size_t per_thread = (size_t(K * pc) + 63) / 64 * 64 + qgemm_panel_bytes(K);
   const int threads = ctx.num_threads();
+  const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_a_bytes(oc_g, K);
   Result<void*> mem =
       ctx.allocate_temp(a_bytes * size_t(s.groups) + per_thread * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
   char* base = static_cast<char*>(mem.value());
-  for (int64_t g = 0; g < s.groups; ++g)
+  for (int64_t g = 0; g < s.groups && pw.packed == nullptr; ++g)
     qgemm_pack_a(ctx, oc_g, K, w + g * oc_g * K, K,
                  reinterpret_cast<int16_t*>(base + size_t(g) * a_bytes));
+  auto packed_a = [&](int64_t g) {
+    return pw.packed != nullptr ? pw.packed + size_t(g) * pw.group_stride
+                                : reinterpret_cast<const int16_t*>(base + size_t(g) * a_bytes);
+  };
   char* scratch = base + a_bytes * size_t(s.groups);
   auto tile = [&](int64_t t, int thread) {
     const int64_t p0 = (t % tiles) * pc, g = (t / tiles) % s.groups, n = t / (tiles * s.groups);
@@ -112,15 +118,48 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
                    q,
                    y + (n * s.OC + g * oc_g) * P + p0,
                    P};
-    qgemm_packed(oc_g, cols, K, reinterpret_cast<const int16_t*>(base + size_t(g) * a_bytes), col,
-                 cols, 1, reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64),
-                 conv_tile, &e);
+    qgemm_packed(oc_g, cols, K, packed_a(g), col, cols, 1,
+                 reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64), conv_tile,
+                 &e);
   };
   ctx.parallel_for(s.N * s.groups * tiles, tile);
   return Error::Ok;
 }
 
+// The convolution's shape from its arguments (the checks conv2d_out reports on, quietly).
+bool shape_of(const Tensor& input, const Tensor& weight, int64_t groups, ConvShape* s) {
+  if (input.dim() != 4 || weight.dim() != 4 || groups < 1) return false;
+  s->N = input.size(0);
+  s->C = input.size(1);
+  s->H = input.size(2);
+  s->W = input.size(3);
+  s->OC = weight.size(0);
+  s->KH = weight.size(2);
+  s->KW = weight.size(3);
+  s->groups = groups;
+  return s->C % groups == 0 && s->OC % groups == 0 && weight.size(1) == s->C / groups;
+}
+
+// Whether the depthwise paths take the convolution (they read the weights as they are).
+bool takes_depthwise_path(const ConvShape& s) {
+  return s.C == s.groups && s.groups > 1 && s.KH * s.KW <= 514;
+}
+
 }  // namespace
+
+Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input, double, int64_t,
+                     const Tensor& weight, const Tensor&, const Tensor*, Span<const int64_t>,
+                     Span<const int64_t>, Span<const int64_t>, int64_t groups, double, int64_t,
+                     int64_t, int64_t, Tensor&) {
+  ConvShape s;
+  if (!weight.read_only() || weight.dtype() != ScalarType::Char ||
+      !shape_of(input, weight, groups, &s) || takes_depthwise_path(s))
+    return Error::Ok;
+  const int64_t oc_g = s.OC / groups, K = s.C / groups * s.KH * s.KW;
+  void* mem = pctx.take(prepared_weights_bytes(groups, oc_g, K, /*pack=*/true));
+  if (mem != nullptr) prepare_weights(groups, oc_g, K, weight.data_as<int8_t>(), true, mem);
+  return Error::Ok;
+}
 
 Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
                  int64_t input_zero_point, const Tensor& weight, const Tensor& weight_scales,
@@ -139,14 +178,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   OutQuant q;
   ETB_TRY(make_out_quant(output_scale, output_zero_point, output_min, output_max, op, &q));
   ConvShape s;
-  s.N = input.size(0);
-  s.C = input.size(1);
-  s.H = input.size(2);
-  s.W = input.size(3);
-  s.OC = weight.size(0);
-  s.KH = weight.size(2);
-  s.KW = weight.size(3);
-  s.groups = groups;
+  shape_of(input, weight, groups, &s);  // validated below, with messages
   const bool ok = pair_item(stride, 0, 1, &s.sh) && pair_item(stride, 1, 1, &s.sw) &&
                   pair_item(padding, 0, 0, &s.ph) && pair_item(padding, 1, 0, &s.pw) &&
                   pair_item(dilation, 0, 1, &s.dh) && pair_item(dilation, 1, 1, &s.dw);
@@ -182,7 +214,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (!pm.ok()) return pm.error();
   float* mult = static_cast<float*>(pm.value());
   float* bias_f = mult + s.OC;
-  int32_t* wsum = reinterpret_cast<int32_t*>(bias_f + s.OC);
+  int32_t* wsum_buf = reinterpret_cast<int32_t*>(bias_f + s.OC);
   const float xs = float(input_scale);
   const float* ws = weight_scales.data_as<float>();
   for (int64_t c = 0; c < s.OC; ++c) {
@@ -194,10 +226,11 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   int8_t* y = out.data_as<int8_t>();
   const int32_t xzp = int32_t(input_zero_point);
 
-  if (cin_g == 1 && groups > 1 && s.KH * s.KW <= 514)
-    return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
+  if (takes_depthwise_path(s)) return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
-  row_sums(ctx, s.OC, K, w, K, wsum);
+  const PreparedWeights pw = prepared_weights(ctx.prepared(), groups, oc_g, K);
+  if (pw.sums == nullptr) row_sums(ctx, s.OC, K, w, K, wsum_buf);
+  const int32_t* wsum = pw.sums != nullptr ? pw.sums : wsum_buf;
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   int8_t* col = nullptr;
@@ -212,8 +245,9 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     if (threads > 1 && share >= 32 && share < pc) pc = share;
     if (pc > P) pc = P;
     const int64_t tiles = (P + pc - 1) / pc;
-    if (threads > 1 && tiles >= 2 * threads && qgemm_packs_whole_a(s.OC, K))
-      return conv_column_tiles(ctx, s, x, xzp, w, wsum, mult, bias_f, q, pc, y);
+    if (threads > 1 && tiles >= 2 * threads &&
+        (pw.packed != nullptr || qgemm_packs_whole_a(s.OC, K)))
+      return conv_column_tiles(ctx, s, x, xzp, w, pw, wsum, mult, bias_f, q, pc, y);
     Result<void*> tmp = ctx.allocate_temp(size_t(K * pc));
     if (!tmp.ok()) return tmp.error();
     col = static_cast<int8_t*>(tmp.value());
@@ -225,6 +259,8 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* xg = x + (n * s.C + g * cin_g) * HW;
       const int8_t* wg = w + g * oc_g * K;
+      const int16_t* wg_packed =
+          pw.packed != nullptr ? pw.packed + size_t(g) * pw.group_stride : nullptr;
       ConvEpilogue e{wsum + g * oc_g,
                      mult + g * oc_g,
                      bias_f + g * oc_g,
@@ -233,7 +269,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
                      y + (n * s.OC + g * oc_g) * P,
                      P};
       if (pointwise) {
-        qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
+        qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e, wg_packed);
         continue;
       }
       int8_t* yg = e.out;
@@ -242,7 +278,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
         auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col); };
         ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
-        qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e);
+        qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e, wg_packed);
       }
     }
   }

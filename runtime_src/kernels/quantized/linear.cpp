@@ -1,7 +1,9 @@
 // etb_quantized::linear.out (int8 in, int8 out) and etb_quantized::dynamic_linear.out (fp32 in,
 // activations quantized per tensor at run time, fp32 out): y = x W^T with exact int32 sums,
 // per-output-channel scales (pipeline/quant/ops.py `linear`, `dynamic_linear`).
-// The GEMM computes W [O x K] times x^T [K x rows] and the epilogue stores transposed.
+// The GEMM computes W [O x K] times x^T [K x rows] and the epilogue stores transposed. The
+// weights' row sums (and, for products of more than a few rows, the widened weights) come
+// from the prepare hook's block when the method was prepared at load, else from each call.
 #include <cfloat>
 
 #include "kernels/quantized/qgemm.h"
@@ -76,12 +78,14 @@ Error linear_shapes(const Tensor& input, const Tensor& weight, Tensor& out, cons
   return out.resize(Span<const int64_t>(sz, size_t(input.dim())));
 }
 
-// What the GEMM epilogue needs per output channel, and the GEMM's workspace, in temp memory.
+// What the GEMM epilogue needs per output channel, and the GEMM's workspace, in temp memory
+// (the row sums and widened weights in the prepared block when there is one).
 struct ChannelParams {
-  float* mult;      // input scale x weight scale
-  float* bias;      // fp32 bias (0 without one)
-  int32_t* wsum;    // weight row sums, for the input zero-point correction
-  void* workspace;  // qgemm_workspace_bytes(O, rows, K, threads)
+  float* mult;            // input scale x weight scale
+  float* bias;            // fp32 bias (0 without one)
+  const int32_t* wsum;    // weight row sums, for the input zero-point correction
+  const int16_t* packed;  // the weights widened for qgemm, or nullptr
+  void* workspace;        // qgemm_workspace_bytes(O, rows, K, threads)
 };
 
 Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& weight_scales,
@@ -91,20 +95,54 @@ Error channel_params(KernelContext& ctx, const Tensor& weight, const Tensor& wei
   if (!pm.ok()) return pm.error();
   c->mult = static_cast<float*>(pm.value());
   c->bias = c->mult + O;
-  c->wsum = reinterpret_cast<int32_t*>(c->bias + O);
   const float* ws = weight_scales.data_as<float>();
   for (int64_t o = 0; o < O; ++o) {
     c->mult[o] = input_scale * ws[o];
     c->bias[o] = bias != nullptr ? bias->data_as<float>()[o] : 0.f;
   }
-  row_sums(ctx, O, K, weight.data_as<int8_t>(), K, c->wsum);
+  const PreparedWeights pw = prepared_weights(ctx.prepared(), 1, O, K);
+  c->packed = pw.packed;
+  if (pw.sums != nullptr) {
+    c->wsum = pw.sums;
+  } else {
+    int32_t* sums = reinterpret_cast<int32_t*>(c->bias + O);
+    row_sums(ctx, O, K, weight.data_as<int8_t>(), K, sums);
+    c->wsum = sums;
+  }
   Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(O, rows, K, ctx.num_threads()));
   if (!wsm.ok()) return wsm.error();
   c->workspace = wsm.value();
   return Error::Ok;
 }
 
+// The prepare hook of both linear kernels: the weights' row sums, and the weights widened when
+// the input (its size at load: static, or the bound of a dynamic one) has rows enough for
+// qgemm to read them packed.
+Error prepare_linear_weights(PrepareContext& pctx, const Tensor& input, const Tensor& weight) {
+  if (!weight.read_only() || weight.dim() != 2 || weight.dtype() != ScalarType::Char ||
+      input.dim() < 1)
+    return Error::Ok;
+  int64_t rows = 1;
+  for (int d = 0; d < input.dim() - 1; ++d) rows *= input.size(d);
+  const int64_t O = weight.size(0), K = weight.size(1);
+  const bool pack = qgemm_reads_packed_a(rows);
+  void* mem = pctx.take(prepared_weights_bytes(1, O, K, pack));
+  if (mem != nullptr) prepare_weights(1, O, K, weight.data_as<int8_t>(), pack, mem);
+  return Error::Ok;
+}
+
 }  // namespace
+
+Error linear_out_prepare(PrepareContext& pctx, const Tensor& input, double, int64_t,
+                     const Tensor& weight, const Tensor&, const Tensor*, double, int64_t, int64_t,
+                     int64_t, Tensor&) {
+  return prepare_linear_weights(pctx, input, weight);
+}
+
+Error dynamic_linear_out_prepare(PrepareContext& pctx, const Tensor& input, const Tensor& weight,
+                             const Tensor&, const Tensor*, Tensor&) {
+  return prepare_linear_weights(pctx, input, weight);
+}
 
 Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
                  int64_t input_zero_point, const Tensor& weight, const Tensor& weight_scales,
@@ -127,7 +165,7 @@ Error linear_out(KernelContext& ctx, const Tensor& input, double input_scale,
       c.wsum,  c.mult, c.bias,         int32_t(input_zero_point), q, out.data_as<int8_t>(),
       nullptr, O,      bias != nullptr};
   qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, input.data_as<int8_t>(), 1, K, c.workspace,
-        linear_tile, &e);
+        linear_tile, &e, c.packed);
   return Error::Ok;
 }
 
@@ -176,7 +214,8 @@ Error dynamic_linear_out(KernelContext& ctx, const Tensor& input, const Tensor& 
   ETB_TRY(channel_params(ctx, weight, weight_scales, bias, scale, O, K, rows, &c));
   LinearEpilogue e{c.wsum, c.mult,         c.bias, zp, q, nullptr, out.data_as<float>(),
                    O,      bias != nullptr};
-  qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e);
+  qgemm(ctx, O, rows, K, weight.data_as<int8_t>(), K, xq, 1, K, c.workspace, dynamic_tile, &e,
+        c.packed);
   return Error::Ok;
 }
 

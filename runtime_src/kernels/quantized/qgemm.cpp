@@ -8,6 +8,7 @@
 #include "kernels/quantized/qgemm.h"
 
 #include <cstring>
+#include <new>
 
 #if defined(__AVX2__) || defined(__AVX512BW__)
 #include <immintrin.h>
@@ -66,7 +67,7 @@ int64_t b_block_cols(int64_t N, int64_t K, int threads) {
   return block_cols(K);
 }
 
-inline size_t align64(size_t n) {
+constexpr size_t align64(size_t n) {
   return (n + 63) & ~size_t(63);
 }
 
@@ -369,8 +370,53 @@ void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, 
   kctx.parallel_for((M + kRowsPerTask - 1) / kRowsPerTask, rows);
 }
 
+namespace {
+// The head of a PreparedWeights block: the shape it was filled for.
+struct PreparedHeader {
+  int64_t groups, M, K;
+  int64_t packed;  // 1: each group's rows follow the sums, widened
+};
+constexpr size_t kHeaderBytes = align64(sizeof(PreparedHeader));
+}  // namespace
+
+size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack) {
+  return kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t)) +
+         (pack ? size_t(groups) * qgemm_packed_a_bytes(M, K) : 0);
+}
+
+void prepare_weights(int64_t groups, int64_t M, int64_t K, const int8_t* A, bool pack, void* mem) {
+  new (mem) PreparedHeader{groups, M, K, pack ? 1 : 0};
+  char* base = static_cast<char*>(mem);
+  const KernelContext serial(nullptr);
+  row_sums(serial, groups * M, K, A, K, reinterpret_cast<int32_t*>(base + kHeaderBytes));
+  if (!pack) return;
+  char* packed = base + kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t));
+  for (int64_t g = 0; g < groups; ++g)
+    qgemm_pack_a(serial, M, K, A + g * M * K, K,
+                 reinterpret_cast<int16_t*>(packed + size_t(g) * qgemm_packed_a_bytes(M, K)));
+}
+
+PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K) {
+  PreparedWeights w;
+  const PreparedHeader* h = static_cast<const PreparedHeader*>(mem);
+  if (h == nullptr || h->groups != groups || h->M != M || h->K != K) return w;
+  const char* base = static_cast<const char*>(mem);
+  w.sums = reinterpret_cast<const int32_t*>(base + kHeaderBytes);
+  if (h->packed != 0) {
+    w.packed = reinterpret_cast<const int16_t*>(base + kHeaderBytes +
+                                                align64(size_t(groups * M) * sizeof(int32_t)));
+    w.group_stride = qgemm_packed_a_bytes(M, K) / sizeof(int16_t);
+  }
+  return w;
+}
+
+bool qgemm_reads_packed_a(int64_t N) {
+  return N > kSmallN;
+}
+
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
-           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx) {
+           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx,
+           const int16_t* apacked) {
   if (M <= 0 || N <= 0) return;
   const int64_t row_tiles = (M + kMR - 1) / kMR;
   if (K <= 0) {
@@ -398,16 +444,19 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   // multiplied by every packed sliver of the chunk.
   const int64_t Kp = pairs(K);
   const int threads = kctx.num_threads();
-  const int64_t nc_max = b_block_cols(N, K, threads), mc_max = chunk_rows(M, K);
+  // A widened ahead of time is one chunk: nothing is left to pack per chunk.
+  const int64_t nc_max = b_block_cols(N, K, threads);
+  const int64_t mc_max = apacked != nullptr ? M : chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
-  int16_t* apack = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
-                                              align64(size_t(nc_max) * size_t(Kp) * 4));
+  int16_t* achunk = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
+                                               align64(size_t(nc_max) * size_t(Kp) * 4));
+  const int16_t* apack = apacked != nullptr ? apacked : achunk;
   const int64_t panels = (N + kNR - 1) / kNR;
   const bool split_columns =
       threads > 1 && panels >= kColumnSplitPanels * threads && nc_max / kNR >= threads;
   for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
     const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
-    qgemm_pack_a(kctx, mc, K, A + mc0 * lda, lda, apack);
+    if (apacked == nullptr) qgemm_pack_a(kctx, mc, K, A + mc0 * lda, lda, achunk);
     if (split_columns) {
       // Many columns: one loop in which the threads split runs of panels, each packing its
       // panels into a panel of the B block's memory of its own.

@@ -20,15 +20,36 @@ using QTileFn = void (*)(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t 
 /// threads (KernelContext::num_threads()).
 size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads);
 
+/// A weight matrix prepared once (by a kernel's prepare hook, at load) for every product it
+/// takes part in: the row sums of its `groups` groups of M x K rows and, when packed, each
+/// group's rows widened as qgemm_pack_a widens them.
+struct PreparedWeights {
+  const int32_t* sums = nullptr;    // groups * M row sums (nullptr: no usable block)
+  const int16_t* packed = nullptr;  // group g at packed + g * group_stride, or nullptr
+  size_t group_stride = 0;          // int16 elements
+};
+/// Bytes of the block prepare_weights fills.
+size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack);
+/// Fills `mem` (prepared_weights_bytes, 64-byte aligned) from A: groups * M rows of K, packed.
+void prepare_weights(int64_t groups, int64_t M, int64_t K, const int8_t* A, bool pack, void* mem);
+/// The block at `mem` that prepare_weights filled, or an empty view when it was filled for
+/// another shape (the kernel then works from the weights themselves).
+PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K);
+/// Whether qgemm reads its A packed for a product of N columns with B's rows contiguous
+/// (b_sk == 1): fewer columns take plain dot products over A itself.
+bool qgemm_reads_packed_a(int64_t N);
+
 /// C[M x N] = A[M x K] * B[K x N] in int32, delivered tile by tile to `fn`.
 /// A is row-major with leading dimension lda (the weights); element (k, n) of B is
 /// B[k * b_sk + n * b_sn] (so a convolution's [K x P] input and a linear layer's transposed
 /// [N x K] input are both views).
 /// The tiles are split over kctx's threads (by rows, or by columns when there are many),
 /// so `fn` is called from several threads at once (for distinct tiles); the sums do not
-/// depend on the thread count.
+/// depend on the thread count. `apacked`: A already widened by qgemm_pack_a (or a
+/// PreparedWeights group), or nullptr to widen it here.
 void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda,
-           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx);
+           const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx,
+           const int16_t* apacked = nullptr);
 
 /// For callers that multiply one A by many Bs (a convolution's column tiles, split over the
 /// threads): A widened once by qgemm_pack_a into qgemm_packed_a_bytes(M, K), then each
