@@ -125,3 +125,43 @@ def two_missing_ops(**_: Any) -> nn.Module:
 
 def not_a_module(**_: Any) -> object:
     return object()
+
+
+class ViTBlock(nn.Module):
+    """Pre-norm transformer block as people write it: fused qkv projection, heads split with
+    view/transpose, F.scaled_dot_product_attention, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyViT(nn.Module):
+    """A small vision transformer: 4x4 patches of a 3x16x16 image, two blocks, mean pool."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 4, stride=4)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.5)
+        self.blocks = nn.Sequential(ViTBlock(dim, heads), ViTBlock(dim, heads))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(self.norm(self.blocks(x)).mean(dim=1))
+
+
+def tiny_vit(**_: Any) -> nn.Module:
+    torch.manual_seed(7)
+    return TinyViT().eval()

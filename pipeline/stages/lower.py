@@ -12,7 +12,7 @@ from collections import defaultdict
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
-from .. import passes
+from .. import attention, passes
 from ..errors import EtbuildError
 from ..graph import Graph, source_of
 from ..ops import kernel_key_for, load_ops, ops_yaml_digest
@@ -111,8 +111,10 @@ def check_ops(g: Graph) -> dict[str, int]:
 
 def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, object]]:
     """Core-ATen decompositions and every graph pass; returns the graph and pass counts."""
-    g = graph_from_exported(ep.run_decompositions())
+    decompositions = attention.keep_sdpa(torch.export.default_decompositions())
+    g = graph_from_exported(ep.run_decompositions(decompositions))
     before = len(g.call_nodes())
+    fused_attention = attention.fuse_attention(g)
     noops = passes.drop_noops(g)
     int8_kernels = 0
     if any(getattr(n.target, "namespace", "") == "quantized_decomposed" for n in g.call_nodes()):
@@ -132,6 +134,7 @@ def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, obje
         "const_folded": folded,
         "noops_dropped": noops,
         "int8_kernels": int8_kernels,
+        "attention_fused": fused_attention,
     }
     return g, facts
 
