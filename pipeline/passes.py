@@ -242,6 +242,37 @@ def _fold_into_producer(g: Graph, x: fx.Node, scale: torch.Tensor, shift: torch.
 _FOLD_LIMIT = 1 << 20  # elements a folded constant may have beyond its inputs
 
 
+def split_into_slices(g: Graph) -> int:
+    """``split_with_sizes`` (from ``chunk``, ``split`` and the gates of ``nn.GRU`` and
+    ``nn.LSTM``) as one slice per piece that is used: the pieces are then ordinary tensors
+    (a view where the slice is contiguous, else a slice_copy), with no multi-output op.
+    Returns the number of splits rewritten."""
+    count = 0
+    for node in g.call_nodes():
+        if node.target != aten.split_with_sizes.default:
+            continue
+        x, sizes = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        users = list(node.users)
+        if not all(isinstance(s, int) for s in sizes) or not all(
+            u.target is operator.getitem for u in users
+        ):
+            continue  # symbolic sizes or the list used whole: left for the op check
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for user in users:
+            i = user.args[1]
+            with g.fx_graph.inserting_before(user):
+                piece = g.fx_graph.call_function(
+                    aten.slice.Tensor, (x, dim, starts[i], starts[i] + sizes[i], 1)
+                )
+            piece.meta = dict(user.meta)
+            user.replace_all_uses_with(piece)
+            g.fx_graph.erase_node(user)
+        g.fx_graph.erase_node(node)
+        count += 1
+    return count
+
+
 def fold_constants(g: Graph) -> int:
     """Evaluate ops whose tensor inputs are all constants (a weight transpose, say)."""
     count = 0

@@ -115,6 +115,7 @@ def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, obje
     g = graph_from_exported(ep.run_decompositions(decompositions))
     before = len(g.call_nodes())
     fused_attention = attention.fuse_attention(g)
+    splits = passes.split_into_slices(g)
     noops = passes.drop_noops(g)
     int8_kernels = 0
     if any(getattr(n.target, "namespace", "") == "quantized_decomposed" for n in g.call_nodes()):
@@ -135,6 +136,7 @@ def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, obje
         "noops_dropped": noops,
         "int8_kernels": int8_kernels,
         "attention_fused": fused_attention,
+        "splits_sliced": splits,
     }
     return g, facts
 

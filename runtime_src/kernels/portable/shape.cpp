@@ -104,6 +104,33 @@ Error permute_copy_out(KernelContext&, const Tensor& self, Span<const int64_t> d
   return Error::Ok;
 }
 
+Error flip_out(KernelContext&, const Tensor& self, Span<const int64_t> dims, Tensor& out) {
+  ETB_TRY(same_dtype(self, out, "flip"));
+  const int nd = self.dim();
+  int64_t sz[kMaxDim], st[kMaxDim];
+  for (int i = 0; i < nd; ++i) {
+    sz[i] = self.size(i);
+    st[i] = self.stride(i);
+  }
+  // A flipped dim is read from its end with the stride negated.
+  int64_t offset = 0;
+  bool flipped[kMaxDim] = {};
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int64_t d = 0;
+    ETB_TRY(wrap_dim(dims[i], nd, &d, "flip"));
+    if (flipped[d]) return fail(Error::InvalidArgument, "flip: dim %lld repeated", (long long)d);
+    flipped[d] = true;
+    if (sz[d] > 0) offset += (sz[d] - 1) * st[d];
+    st[d] = -st[d];
+  }
+  ETB_TRY(resize_to(out, sz, nd));
+  if (out.data() == self.data() && self.numel() > 1)
+    return fail(Error::NotSupported, "flip: out may not alias self");
+  strided_copy(static_cast<const uint8_t*>(self.data()), static_cast<uint8_t*>(out.data()),
+               self.element_size(), nd, sz, st, offset);
+  return Error::Ok;
+}
+
 Error expand_copy_out(KernelContext&, const Tensor& self, Span<const int64_t> size,
                       bool implicit, Tensor& out) {
   (void)implicit;
