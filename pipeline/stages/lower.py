@@ -78,6 +78,16 @@ def required_kernel(node: torch.fx.Node) -> str | None:
     return kernel_key_for(passes.VIEW_TO_COPY.get(target, target))
 
 
+# Ops whose kernel exists but not for some of their arguments: a predicate on the node and
+# what the user wrote, so that the build stops here rather than when the program runs.
+_UNSUPPORTED_FORMS = {
+    torch.ops.aten.convolution.default: (
+        lambda n: bool(n.args[6]),
+        "transposed convolution (nn.ConvTranspose2d, F.conv_transpose2d)",
+    ),
+}
+
+
 def check_ops(g: Graph) -> dict[str, int]:
     """Raise one error listing every op without a kernel; else return kernel use counts."""
     ops = load_ops()
@@ -87,7 +97,10 @@ def check_ops(g: Graph) -> dict[str, int]:
         key = required_kernel(node)
         if key == "":
             continue
-        if key is None or key not in ops:
+        form = _UNSUPPORTED_FORMS.get(node.target)
+        if form is not None and form[0](node):
+            missing[f"{key}  as {form[1]}"].append(source_of(node))
+        elif key is None or key not in ops:
             label = f"{key}  (for {node.target})" if key else f"{node.target} (no out variant)"
             missing[label].append(source_of(node))
         else:

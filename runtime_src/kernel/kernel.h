@@ -120,8 +120,8 @@ using KernelCheckFn = Error (*)(Span<EValue*> args, bool at_load);
 struct Kernel {
   const char* name;
   KernelFn fn;
-  KernelCheckFn check = nullptr;  // nullptr: nothing is checked at load
-  bool fuses_clamp = false;       // applies KernelContext::output_clamp() to its output
+  KernelCheckFn check = nullptr;      // nullptr: nothing is checked at load
+  bool fuses_clamp = false;           // applies KernelContext::output_clamp() to its output
   KernelPrepareFn prepare = nullptr;  // load-time preparation of constants, or nullptr
 };
 

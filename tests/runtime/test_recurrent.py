@@ -1,13 +1,17 @@
-"""Recurrent models and the ops they export to: nn.GRU and nn.LSTM (gates split with
-split_with_sizes, which the lower stage turns into slices; bidirectional layers flip the
-sequence), chunk, and flip, against eager on randomized shapes."""
+"""Recurrent models and the data-movement ops users' models export to: nn.GRU and nn.LSTM
+(gates split with split_with_sizes, which the lower stage turns into slices; bidirectional
+layers flip the sequence), chunk, flip and constant padding, against eager on randomized
+shapes; a transposed convolution stops the build at lower."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from rt_helpers import assert_matches
 from torch import nn
+
+from etbuild.pipeline.errors import EtbuildError
 
 
 class Tagger(nn.Module):
@@ -70,3 +74,34 @@ def test_chunk_and_flip(rt, pipeline_program, seed):
     x = torch.randn(shape, generator=gen)
     (got,) = rt.load(str(pipeline_program(M(), [x]))).run([x])
     assert torch.equal(got, M()(x))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_constant_pad(rt, pipeline_program, seed):
+    """F.pad in its default (constant) mode, pads that grow, crop (negative) or leave a dim."""
+    gen = torch.Generator().manual_seed(seed)
+    rank = 1 + seed % 4
+    shape = [int(s) for s in torch.randint(2, 6, (rank,), generator=gen)]
+    pad = [int(p) for p in torch.randint(-1, 3, (2 * min(rank, 1 + seed % 3),), generator=gen)]
+    value = [0.0, 1.5, -2.0][seed % 3]
+
+    class M(nn.Module):
+        def forward(self, x):
+            return F.pad(x * 2, pad, value=value)
+
+    x = torch.randn(shape, generator=gen)
+    (got,) = rt.load(str(pipeline_program(M(), [x]))).run([x])
+    assert torch.equal(got, M()(x)), (shape, pad)
+
+
+def test_transposed_convolution_is_refused_at_lower_with_the_source(pipeline_program):
+    class Up(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.ConvTranspose2d(4, 3, 2, stride=2)
+
+        def forward(self, x):
+            return self.up(x)
+
+    with pytest.raises(EtbuildError, match=r"transposed convolution \(nn\.ConvTranspose2d"):
+        pipeline_program(Up().eval(), [torch.randn(1, 4, 5, 5)])

@@ -26,8 +26,7 @@ struct MaskView {
 
 Error mask_view(const Tensor& mask, const Tensor& q, int64_t L, int64_t S, MaskView* m) {
   const int d = q.dim(), md = mask.dim();
-  if (md > d)
-    return fail(Error::InvalidArgument, "sdpa: attn_mask has %d dims, query %d", md, d);
+  if (md > d) return fail(Error::InvalidArgument, "sdpa: attn_mask has %d dims, query %d", md, d);
   int64_t stride = 1;
   for (int i = md - 1; i >= 0; --i) {
     const int qd = d - md + i;  // the dim of [lead..., L, S] this mask dim lines up with
@@ -124,9 +123,8 @@ Error sdpa_out(KernelContext& ctx, const Tensor& query, const Tensor& key, const
   if (!mem.ok()) return mem.error();
   float* kt = static_cast<float*>(mem.value());
   float* scores = kt + E * S;
-  float* ws = reinterpret_cast<float*>(
-      reinterpret_cast<char*>(mem.value()) +
-      (size_t(E * S + L * S) * sizeof(float) + 63) / 64 * 64);
+  float* ws = reinterpret_cast<float*>(reinterpret_cast<char*>(mem.value()) +
+                                       (size_t(E * S + L * S) * sizeof(float) + 63) / 64 * 64);
   const float* q = query.data_as<float>();
   const float* k = key.data_as<float>();
   const float* v = value.data_as<float>();

@@ -1,5 +1,7 @@
 // Copy kernels for views and layout changes (view, permute, expand, slice, select, cat) and
 // embedding lookup. They copy bytes, so they work for every dtype.
+#include <type_traits>
+
 #include "kernels/portable/util.h"
 #include "native_functions.h"
 
@@ -128,6 +130,72 @@ Error flip_out(KernelContext&, const Tensor& self, Span<const int64_t> dims, Ten
     return fail(Error::NotSupported, "flip: out may not alias self");
   strided_copy(static_cast<const uint8_t*>(self.data()), static_cast<uint8_t*>(out.data()),
                self.element_size(), nd, sz, st, offset);
+  return Error::Ok;
+}
+
+Error constant_pad_nd_out(KernelContext&, const Tensor& self, Span<const int64_t> pad,
+                          const Scalar& value, Tensor& out) {
+  ETB_TRY(same_dtype(self, out, "constant_pad_nd"));
+  const int nd = self.dim();
+  if (pad.size() % 2 != 0 || int(pad.size() / 2) > nd)
+    return fail(Error::InvalidArgument,
+                "constant_pad_nd: %zu pad values for a %d-d tensor (two per dim, at most %d)",
+                pad.size(), nd, 2 * nd);
+  // before[d], after[d]: elements added (or, negative, removed) at each end of dim d; pad
+  // lists the last dim first.
+  int64_t before[kMaxDim] = {}, after[kMaxDim] = {}, sz[kMaxDim];
+  for (size_t i = 0; i < pad.size() / 2; ++i) {
+    const int d = nd - 1 - int(i);
+    before[d] = pad[2 * i];
+    after[d] = pad[2 * i + 1];
+  }
+  for (int d = 0; d < nd; ++d) {
+    sz[d] = self.size(d) + before[d] + after[d];
+    if (sz[d] < 0)
+      return fail(Error::InvalidArgument, "constant_pad_nd: dim %d would have size %lld", d,
+                  (long long)sz[d]);
+  }
+  ETB_TRY(resize_to(out, sz, nd));
+  if (out.data() == self.data() && out.numel() > 0)
+    return fail(Error::NotSupported, "constant_pad_nd: out may not alias self");
+  constexpr DtypeSet kDtypes = selected_dtypes("aten::constant_pad_nd.out", "self") &
+                               dtype_set(ScalarType::Float, ScalarType::Long, ScalarType::Int);
+  const bool built = dispatch_dtype<kDtypes>(self.dtype(), [&](auto c) {
+    using T = decltype(c);
+    T* o = out.data_as<T>();
+    const T fill = std::is_floating_point<T>::value ? T(value.to_double()) : T(value.to_int());
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = fill;
+    // The part of self that lands in out: per dim, source [lo, hi) at out index lo + before.
+    int64_t lo[kMaxDim], n[kMaxDim];
+    int64_t count = 1;
+    for (int d = 0; d < nd; ++d) {
+      lo[d] = before[d] < 0 ? -before[d] : 0;
+      const int64_t hi = self.size(d) + (after[d] < 0 ? after[d] : 0);
+      n[d] = hi > lo[d] ? hi - lo[d] : 0;
+      count *= n[d];
+    }
+    if (count == 0 || nd == 0) {
+      if (nd == 0) o[0] = self.data_as<T>()[0];
+      return;
+    }
+    const T* x = self.data_as<T>();
+    const int last = nd - 1;
+    int64_t idx[kMaxDim] = {};  // position within the copied region, leading dims
+    for (int64_t row = 0; row < count / n[last]; ++row) {
+      int64_t src = 0, dst = 0;
+      for (int d = 0; d < nd; ++d) {
+        const int64_t at = d == last ? 0 : idx[d];
+        src = src * self.size(d) + lo[d] + at;
+        dst = dst * sz[d] + lo[d] + at + before[d];
+      }
+      for (int64_t j = 0; j < n[last]; ++j) o[dst + j] = x[src + j];
+      for (int d = last - 1; d >= 0; --d) {
+        if (++idx[d] < n[d]) break;
+        idx[d] = 0;
+      }
+    }
+  });
+  if (!built) return dtype_not_built("constant_pad_nd", "self", self.dtype());
   return Error::Ok;
 }
 

@@ -119,8 +119,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
                    y + (n * s.OC + g * oc_g) * P + p0,
                    P};
     qgemm_packed(oc_g, cols, K, packed_a(g), col, cols, 1,
-                 reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64), conv_tile,
-                 &e);
+                 reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64), conv_tile, &e);
   };
   ctx.parallel_for(s.N * s.groups * tiles, tile);
   return Error::Ok;
@@ -148,9 +147,9 @@ bool takes_depthwise_path(const ConvShape& s) {
 }  // namespace
 
 Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input, double, int64_t,
-                     const Tensor& weight, const Tensor&, const Tensor*, Span<const int64_t>,
-                     Span<const int64_t>, Span<const int64_t>, int64_t groups, double, int64_t,
-                     int64_t, int64_t, Tensor&) {
+                         const Tensor& weight, const Tensor&, const Tensor*, Span<const int64_t>,
+                         Span<const int64_t>, Span<const int64_t>, int64_t groups, double, int64_t,
+                         int64_t, int64_t, Tensor&) {
   ConvShape s;
   if (!weight.read_only() || weight.dtype() != ScalarType::Char ||
       !shape_of(input, weight, groups, &s) || takes_depthwise_path(s))

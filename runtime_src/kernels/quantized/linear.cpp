@@ -134,13 +134,13 @@ Error prepare_linear_weights(PrepareContext& pctx, const Tensor& input, const Te
 }  // namespace
 
 Error linear_out_prepare(PrepareContext& pctx, const Tensor& input, double, int64_t,
-                     const Tensor& weight, const Tensor&, const Tensor*, double, int64_t, int64_t,
-                     int64_t, Tensor&) {
+                         const Tensor& weight, const Tensor&, const Tensor*, double, int64_t,
+                         int64_t, int64_t, Tensor&) {
   return prepare_linear_weights(pctx, input, weight);
 }
 
 Error dynamic_linear_out_prepare(PrepareContext& pctx, const Tensor& input, const Tensor& weight,
-                             const Tensor&, const Tensor*, Tensor&) {
+                                 const Tensor&, const Tensor*, Tensor&) {
   return prepare_linear_weights(pctx, input, weight);
 }
 
