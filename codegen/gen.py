@@ -465,6 +465,20 @@ def gen_check(entry: OpEntry) -> str:
     return "\n".join(out)
 
 
+def _unboxed_args(s: Schema, out: list[str]) -> list[str]:
+    """The C++ arguments of an unboxed call from ``args``; declares (appends to ``out``) the
+    local that receives an int or Scalar return."""
+    call = [_type_info(s, a)[2].format(v=f"(*args[{i}])") for i, a in enumerate(s.args)]
+    kind = _return_kind(s)
+    if kind == "int":
+        out.append("  int64_t result = 0;")
+        call.append("result")
+    elif kind == "scalar":
+        out.append("  Scalar result;")
+        call.append("result")
+    return call
+
+
 def gen_wrapper(entry: OpEntry) -> str:
     """The boxed kernel: the op's check, then the unboxed call."""
     s = entry.schema
@@ -475,14 +489,8 @@ def gen_wrapper(entry: OpEntry) -> str:
         f"Error {_wrapper_name(s)}(KernelContext& ctx, Span<EValue*> args) {{",
         f"  ETB_TRY({_check_name(s)}(args, false));",
     ]
-    call = [_type_info(s, a)[2].format(v=f"(*args[{i}])") for i, a in enumerate(s.args)]
+    call = _unboxed_args(s, out)
     r = f"(*args[{len(s.args)}])"
-    if kind == "int":
-        out.append("  int64_t result = 0;")
-        call.append("result")
-    elif kind == "scalar":
-        out.append("  Scalar result;")
-        call.append("result")
     joined = ",\n      ".join(["ctx"] + call)
     out.append(f"  Error e = {_kernel_ns_name(entry)[0]}::{_func_name(entry)}(\n      {joined});")
     if kind == "int":
@@ -507,18 +515,11 @@ def _prepare_wrapper_name(schema: Schema) -> str:
 def gen_prepare_wrapper(entry: OpEntry) -> str:
     """The boxed prepare hook: the op's load-time check, then the unboxed hook."""
     s = entry.schema
-    kind = _return_kind(s)
     out = [
         f"Error {_prepare_wrapper_name(s)}(PrepareContext& pctx, Span<EValue*> args) {{",
         f"  ETB_TRY({_check_name(s)}(args, true));",
     ]
-    call = [_type_info(s, a)[2].format(v=f"(*args[{i}])") for i, a in enumerate(s.args)]
-    if kind == "int":
-        out.append("  int64_t result = 0;")
-        call.append("result")
-    elif kind == "scalar":
-        out.append("  Scalar result;")
-        call.append("result")
+    call = _unboxed_args(s, out)
     joined = ",\n      ".join(["pctx"] + call)
     ns, name = _kernel_ns_name(entry)
     out.append(f"  return {ns}::{name}_prepare(\n      {joined});")
