@@ -306,3 +306,71 @@ class _Lowering:
 def lower_quantized(g: Graph) -> int:
     """Fuse every quantized pattern in ``g``; returns how many kernels were created."""
     return _Lowering(g).run()
+
+
+# The float ops that have an int8 kernel when the quantizer annotates them (see run()).
+_INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
+                 aten.add.Tensor, aten.mean.dim, aten.max_pool2d_with_indices.default}  # fmt: skip
+
+
+def _moves_no_data(node: fx.Node) -> bool:
+    from ..passes import is_pure_view
+
+    return node.op == "call_function" and (node.target is operator.getitem or is_pure_view(node))
+
+
+def _past_views(node: fx.Node) -> fx.Node:
+    """The node that computed ``node``'s data, past views of it."""
+    while _moves_no_data(node):
+        node = node.args[0]
+    return node
+
+
+def _users_past_views(node: fx.Node) -> list[fx.Node]:
+    """The users of ``node``'s data, past views of it."""
+    out = []
+    for user in node.users:
+        out += _users_past_views(user) if _moves_no_data(user) else [user]
+    return out
+
+
+def fp32_fallbacks(g: Graph, kernel_key) -> list[dict]:
+    """The fp32 compute that a lowered quantized program runs after dequantizing an int8
+    activation: one entry per operator (``kernel_key(node)`` names it) with its calls, why it
+    is not int8, the quantize/dequantize kernels around it (what it costs) and where the
+    model made it."""
+    from ..graph import source_of
+
+    dq, q = E.dequantize_per_tensor.default, E.quantize_per_tensor.default
+    float_after_int8: set[fx.Node] = set()
+    found: dict[str, dict] = {}
+    for node in g.call_nodes():  # in topological order
+        if node.target == dq:
+            float_after_int8.add(node)
+            continue
+        if node.target == q or not any(i in float_after_int8 for i in node.all_input_nodes):
+            continue
+        float_after_int8.add(node)
+        if _moves_no_data(node):
+            continue
+        key = kernel_key(node) or str(node.target)
+        entry = found.setdefault(
+            key,
+            {
+                "op": key,
+                "calls": 0,
+                "reason": "not quantized by the quantizer (quant.keep_fp32, or a pattern it "
+                "does not annotate)"
+                if node.target in _INT8_LOWERED
+                else "etbuild has no int8 kernel for it",
+                "conversions": 0,
+                "at": [],
+            },
+        )
+        entry["calls"] += 1
+        entry["conversions"] += sum(1 for i in node.all_input_nodes if _past_views(i).target == dq)
+        entry["conversions"] += sum(1 for u in _users_past_views(node) if u.target == q)
+        where = source_of(node)
+        if where not in entry["at"]:
+            entry["at"].append(where)
+    return sorted(found.values(), key=lambda e: (-e["conversions"], e["op"]))

@@ -24,7 +24,7 @@ STAGES: list[Stage] = [
     Stage("model", model.run, cacheable=True),
     Stage("export", export.run, cacheable=True),
     Stage("quantize", quantize.run, cacheable=True),
-    Stage("lower", lower.run, cacheable=True),
+    Stage("lower", lower.run, cacheable=True, passes_on=("fp32_fallbacks",)),
     Stage("out_variant", out_variant.run, cacheable=True),
     Stage("plan", plan.run, cacheable=True),
     Stage("emit", emit.run, cacheable=True, passes_on=("emit_facts", "program_inputs")),

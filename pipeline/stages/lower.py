@@ -159,4 +159,11 @@ def run(ctx: Context) -> None:
     ctx.note_read("ops_yaml", ops_yaml_digest())
     ctx.artifacts["op_counts"] = check_ops(g)
     ctx.artifacts["graph"] = g
+    fallbacks: list[dict] = []
+    if facts["int8_kernels"]:
+        from ..quant.lowering import fp32_fallbacks
+
+        fallbacks = fp32_fallbacks(g, required_kernel)
+        facts["fp32_ops"] = sum(f["calls"] for f in fallbacks)
+    ctx.artifacts["fp32_fallbacks"] = fallbacks
     ctx.summarize(**facts)

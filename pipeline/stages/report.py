@@ -98,6 +98,29 @@ def _kernels_line(a: dict) -> list[str]:
     return [f"- kernels: {march}, SIMD path {isa}", threads]
 
 
+def _fp32_section(fallbacks: list[dict]) -> list[str]:
+    """The fp32 ops a quantized program runs between int8 values, and what they cost."""
+    lines = ["", "## fp32 inside the quantized program", ""]
+    if not fallbacks:
+        return lines + ["None: every compute op after the input's quantize runs in int8."]
+    calls = sum(f["calls"] for f in fallbacks)
+    conversions = sum(f["conversions"] for f in fallbacks)
+    lines += [
+        f"{calls} call(s) run in fp32, at the cost of {conversions} quantize/dequantize "
+        "kernel(s) around them.",
+        "",
+        "| operator | calls | why fp32 | quantize/dequantize | at |",
+        "|---|---|---|---|---|",
+    ]
+    for f in fallbacks:
+        at = "<br>".join(f"`{w}`" for w in f["at"][:3])
+        more = f" (+{len(f['at']) - 3} more)" if len(f["at"]) > 3 else ""
+        lines.append(
+            f"| `{f['op']}` | {f['calls']} | {f['reason']} | {f['conversions']} | {at}{more} |"
+        )
+    return lines
+
+
 def render(ctx: Context) -> str:
     cfg = ctx.cfg
     a = ctx.artifacts
@@ -150,6 +173,8 @@ def render(ctx: Context) -> str:
     for key, info in a["selection"].items():
         dtypes = "; ".join(f"{arg}: {'/'.join(d)}" for arg, d in info["dtypes"].items())
         lines.append(f"| `{key}` | {info['count']} | {dtypes} |")
+    if cfg.quant.scheme.value != "none":
+        lines += _fp32_section(a.get("fp32_fallbacks", []))
     sizes = a.get("runtime_sizes")
     if sizes:
         lines += _size_section(cfg, sizes)

@@ -258,8 +258,8 @@ Error run_prepare_hooks(Method::Instr* instrs, size_t n, const char* const* op_n
     const Kernel* k = find_kernel_entry(op_names[in.a]);
     if (k == nullptr || k->prepare == nullptr) continue;
     if (has_moves && reads_moved_value(instrs, n, in, values)) continue;
-    PrepareContext pctx(memory != nullptr ? memory + used : nullptr,
-                        memory != nullptr ? capacity - used : 0);
+    const bool fill = memory != nullptr && used <= capacity;
+    PrepareContext pctx(fill ? memory + used : nullptr, fill ? capacity - used : 0);
     Error e = k->prepare(pctx, Span<EValue*>(in.args, in.num_args));
     if (e != Error::Ok) {
       prefix_error_message("instruction %zu (%s): preparing: ", i, op_names[in.a]);

@@ -97,6 +97,11 @@ def test_keep_classifier_in_fp32(tmp_path):
     assert "aten::addmm.out" in ops
     assert "etb_quantized::linear.out" not in ops
     assert "etb_quantized::conv2d.out" in ops
+    # The report lists the classifier as fp32 inside the int8 program, with its dequantize.
+    report = (tmp_path / "report.md").read_text()
+    section = report.split("## fp32 inside the quantized program")[1].split("\n## ")[0]
+    assert "| `aten::addmm.out` | 1 | not quantized by the quantizer" in section, section
+    assert "1 call(s) run in fp32, at the cost of 1 quantize/dequantize" in section, section
     assert "sqnr_db" in stage_summary(tmp_path, "verify")
     inputs = ctx.artifacts["example_inputs"]
     ours = runtime_output(tmp_path, inputs)
