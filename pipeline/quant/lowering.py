@@ -30,6 +30,21 @@ _SHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.permute.default
               aten.clone.default, aten.squeeze.dims, aten.unsqueeze.default}  # fmt: skip
 
 
+# Elementwise fp32 ops a chain between a dequantize and a quantize may hold to become one
+# int8 table lookup (with scalars or one-element constants as their other operands).
+_ELEMENTWISE = {
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.add.Scalar,
+    aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar, aten.rsub.Scalar, aten.clamp.default,
+    aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default, aten.relu.default,
+    aten.sigmoid.default, aten.tanh.default, aten.gelu.default, aten.hardswish.default,
+    aten.hardsigmoid.default, aten.silu.default, aten.exp.default, aten.log.default,
+    aten.neg.default, aten.abs.default, aten.elu.default, aten.leaky_relu.default,
+    aten.erf.default, aten.pow.Tensor_Scalar, aten.sqrt.default, aten.rsqrt.default,
+    aten.minimum.default, aten.maximum.default, aten.where.self, aten.gt.Scalar,
+    aten.ge.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.softplus.default,
+}  # fmt: skip
+
+
 def _is(node: object, *targets) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
@@ -39,6 +54,10 @@ def _dequant(node: object) -> tuple[fx.Node, float, int] | None:
     if _is(node, qd.dequantize_per_tensor.default) and node.args[5] == torch.int8:
         return node.args[0], float(node.args[1]), int(node.args[2])
     return None
+
+
+def _quant_of_int8(node: object) -> bool:
+    return _is(node, qd.quantize_per_tensor.default) and node.args[5] == torch.int8
 
 
 def _sole_user(node: fx.Node, *targets) -> fx.Node | None:
@@ -276,10 +295,69 @@ class _Lowering:
             if handler is not None:
                 handler(node)
                 self.g.drop_dead()
+        for q in self.g.call_nodes():
+            if _quant_of_int8(q):
+                self.table_lookup(q)
+        self.g.drop_dead()
         self.cancel_pairs()
         self.remaining_qdq()
         self.g.drop_dead()
         return self.count
+
+    def elementwise_chain(self, q: fx.Node) -> tuple[fx.Node, list[fx.Node]] | None:
+        """(dequantize, chain) when the value ``q`` quantizes is an elementwise function of
+        one int8 activation: fp32 ops of _ELEMENTWISE from one dequantize, with only scalars
+        or one-element constants besides, whose values nothing else reads."""
+        source: fx.Node | None = None
+        chain: list[fx.Node] = []
+        stack, seen = [q.args[0]], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if _dequant(n) is not None and not self.g.is_const(n.args[0]):
+                if source is not None and source is not n:
+                    return None  # a function of two int8 tensors
+                source = n
+                continue
+            if not _is(n, *_ELEMENTWISE):
+                return None
+            chain.append(n)
+            for a in n.all_input_nodes:
+                if self.g.is_const(a):
+                    if self.g.const(a).numel() != 1:
+                        return None
+                else:
+                    stack.append(a)
+        inside = set(chain) | {q}
+        if source is None or not chain or any(u not in inside for n in chain for u in n.users):
+            return None
+        order = {n: i for i, n in enumerate(self.g.fx_graph.nodes)}
+        return source, sorted(chain, key=order.__getitem__)
+
+    def table_lookup(self, q: fx.Node) -> None:
+        """dequantize -> elementwise fp32 ops -> quantize as one 256-entry int8 table: the
+        chain (sigmoid, hardswish, SiLU, GELU, ...) run by torch on every int8 value."""
+        found = self.elementwise_chain(q)
+        if found is None:
+            return
+        dq, chain = found
+        every = torch.arange(-128, 128, dtype=torch.int8)
+        values: dict[fx.Node, torch.Tensor] = {}
+
+        def value(a: fx.Node) -> torch.Tensor:
+            return values[a] if a in values else self.g.const(a)
+
+        with torch.no_grad():
+            values[dq] = dq.target(every, *dq.args[1:], **dq.kwargs)
+            for n in chain:
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), value)
+                values[n] = n.target(*args, **kwargs)
+            out = values[q.args[0]]
+            table = q.target(out.to(torch.float32).expand(256), *q.args[1:], **q.kwargs)
+        const = self.g.add_const(table.contiguous(), f"{q.name}_table")
+        self.replace(q, E.table_lookup.default, (dq.args[0], const))
 
     def cancel_pairs(self) -> None:
         """quantize(dequantize(x)) with the same parameters is x."""

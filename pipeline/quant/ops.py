@@ -16,7 +16,10 @@ Arithmetic shared by all of them (float32 throughout, rounding half to even):
     model's dequantize -> fp32 op -> quantize with the products summed exactly, so results
     agree with it except where float rounding lands on a tie;
   - add dequantizes both inputs in float32, adds and quantizes; mean sums (x - x_zp) exactly
-    in int32, scales by float32(x_scale) / count and quantizes.
+    in int32, scales by float32(x_scale) / count and quantizes;
+  - table_lookup maps each int8 value through a 256-entry table: the lowering computes the
+    table of a chain of elementwise fp32 ops (sigmoid, hardswish, SiLU, GELU, ...) between a
+    dequantize and a quantize by running the chain on all 256 values.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ SCHEMAS: dict[str, str] = {
     "float output_scale, int output_zero_point",
     "max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, "
     "int[] dilation, bool ceil_mode",
+    "table_lookup": "Tensor input, Tensor table",
 }
 
 
@@ -124,6 +128,11 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return y.to(torch.int8)
 
 
+def table_lookup(x, table):
+    """Any function of one int8 value: out = table[x + 128] (a 256-entry int8 table)."""
+    return table[x.to(torch.int64) + 128]
+
+
 REFERENCE = {
     "quantize_per_tensor": quantize_per_tensor,
     "dequantize_per_tensor": dequantize_per_tensor,
@@ -133,6 +142,7 @@ REFERENCE = {
     "add": add,
     "mean": mean,
     "max_pool2d": max_pool2d,
+    "table_lookup": table_lookup,
 }
 
 
@@ -168,6 +178,7 @@ FAKE = {
     ),
     "mean": _fake_mean,
     "max_pool2d": _fake_max_pool2d,
+    "table_lookup": lambda x, table: torch.empty_like(x, dtype=torch.int8),
 }
 
 

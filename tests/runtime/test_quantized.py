@@ -523,6 +523,15 @@ def test_quantize_dequantize(rt, pipeline_program, zp, qmin, qmax):
     run_exact(rt, pipeline_program, Op(lambda m, q: Q.dequantize_per_tensor(q, scale, zp)), [q])
 
 
+@pytest.mark.parametrize("shape", [(1,), (3, 5), (2, 8, 9, 7)])
+def test_table_lookup(rt, pipeline_program, shape):
+    gen = torch.Generator().manual_seed(len(shape))
+    module = Op(lambda m, x: Q.table_lookup(x, m.t), t=i8((256,), gen))
+    x = i8(shape, gen)
+    x.view(-1)[:2] = torch.tensor([-128, 127], dtype=torch.int8)[: x.numel()]  # both ends
+    run_exact(rt, pipeline_program, module, [x], threads=2)
+
+
 def test_int8_permute_and_view(rt, pipeline_program):
     """Shape ops on int8 tensors (Char in portable.yaml's view_copy / permute_copy)."""
     gen = torch.Generator().manual_seed(0)

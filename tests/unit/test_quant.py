@@ -93,11 +93,27 @@ class Pattern(torch.nn.Module):
             y = F.max_pool2d(y, 2)
         elif self.kind == "two":
             y = self.conv2(F.relu6(y))
+        elif self.kind in TABLE_ACTIVATIONS:  # a chain of fp32 ops between two convs
+            y = self.conv2(TABLE_ACTIVATIONS[self.kind](y))
         return y
 
 
+# Activations that PTQ leaves as fp32 ops between a dequantize and a quantize, which the
+# lowering turns into one int8 table lookup.
+TABLE_ACTIVATIONS = {
+    "hardswish": F.hardswish,
+    "sigmoid": torch.sigmoid,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "hardsigmoid": F.hardsigmoid,
+    "chain": lambda y: torch.tanh(y * 0.5 + 1.0).clamp(-0.5, 0.8) * 3,
+}
+
+
 @pytest.mark.parametrize(
-    "kind", ["plain", "depthwise", "relu6", "relu", "add", "mean", "maxpool", "two"]
+    "kind",
+    ["plain", "depthwise", "relu6", "relu", "add", "mean", "maxpool", "two", *TABLE_ACTIVATIONS],
 )
 def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
     torch.manual_seed(0)
@@ -110,6 +126,9 @@ def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
     assert names[-1] == "etb_quantized.dequantize_per_tensor.default"
     assert "aten.convolution.default" not in names
     assert not any("quantized_decomposed" in n for n in names)
+    assert not any(n.startswith("aten.") for n in names[1:-1]), names  # no fp32 in between
+    if kind in TABLE_ACTIVATIONS:
+        assert names.count("etb_quantized.table_lookup.default") == 1, names
     ours, ref = run_graph(g, x), converted(x)
     step = output_scale(g)
     assert (ours - ref).abs().max() <= step * 1.0001

@@ -174,6 +174,25 @@ Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t
   return Error::Ok;
 }
 
+Error table_lookup_out(KernelContext& ctx, const Tensor& input, const Tensor& table,
+                        Tensor& out) {
+  const char* op = "etb_quantized::table_lookup";
+  ETB_TRY(expect_char(input, op, "input"));
+  ETB_TRY(expect_char(table, op, "table"));
+  ETB_TRY(expect_char(out, op, "out"));
+  if (table.numel() != 256)
+    return fail(Error::InvalidArgument, "%s: the table has %lld entries, not 256", op,
+                (long long)table.numel());
+  ETB_TRY(out.resize(input.sizes()));
+  const int8_t* x = input.data_as<int8_t>();
+  const int8_t* t = table.data_as<int8_t>() + 128;  // t[v] for v in [-128, 127]
+  int8_t* y = out.data_as<int8_t>();
+  native::parallel_range(ctx, input.numel(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = t[x[i]];
+  });
+  return Error::Ok;
+}
+
 Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
                int64_t input_zero_point, Span<const int64_t> dim, bool keepdim, double output_scale,
                int64_t output_zero_point, Tensor& out) {
