@@ -231,6 +231,13 @@ class _Lowering:
     def add(self, n: fx.Node) -> None:
         if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
             return
+        self.binary(n, E.add.default)
+
+    def mul(self, n: fx.Node) -> None:
+        self.binary(n, E.mul.default)
+
+    def binary(self, n: fx.Node, target) -> None:
+        """add or mul of two dequantized int8 tensors, quantized after (with broadcasting)."""
         a, b = (_dequant(x) for x in n.args)
         if a is None or b is None:
             return
@@ -239,7 +246,7 @@ class _Lowering:
             return
         qnode, os_, ozp, lo, hi = out
         args = (a[0], a[1], a[2], b[0], b[1], b[2], os_, ozp, lo, hi)
-        self.replace(qnode, E.add.default, args)
+        self.replace(qnode, target, args)
 
     def mean(self, n: fx.Node) -> None:
         xq = _dequant(n.args[0])
@@ -283,6 +290,7 @@ class _Lowering:
             aten.addmm.default: self.linear,
             aten.mm.default: self.linear,
             aten.add.Tensor: self.add,
+            aten.mul.Tensor: self.mul,
             aten.mean.dim: self.mean,
             aten.max_pool2d_with_indices.default: self.max_pool,
         }
@@ -338,7 +346,8 @@ class _Lowering:
 
     def table_lookup(self, q: fx.Node) -> None:
         """dequantize -> elementwise fp32 ops -> quantize as one 256-entry int8 table: the
-        chain (sigmoid, hardswish, SiLU, GELU, ...) run by torch on every int8 value."""
+        chain (sigmoid, hardswish, SiLU, GELU, ...) run by torch on every int8 value. Runs
+        in graph order, so consecutive lookups compose into one."""
         found = self.elementwise_chain(q)
         if found is None:
             return
@@ -356,8 +365,17 @@ class _Lowering:
                 values[n] = n.target(*args, **kwargs)
             out = values[q.args[0]]
             table = q.target(out.to(torch.float32).expand(256), *q.args[1:], **q.kwargs)
+        source = dq.args[0]
+        # A lookup of a lookup that nothing else reads is one lookup of the composed table.
+        if (
+            _is(source, E.table_lookup.default)
+            and set(source.users) == {dq}
+            and all(u in chain for u in dq.users)
+        ):
+            table = table[self.g.const(source.args[1]).to(torch.int64) + 128]
+            source = source.args[0]
         const = self.g.add_const(table.contiguous(), f"{q.name}_table")
-        self.replace(q, E.table_lookup.default, (dq.args[0], const))
+        self.replace(q, E.table_lookup.default, (source, const))
 
     def cancel_pairs(self) -> None:
         """quantize(dequantize(x)) with the same parameters is x."""
@@ -388,7 +406,8 @@ def lower_quantized(g: Graph) -> int:
 
 # The float ops that have an int8 kernel when the quantizer annotates them (see run()).
 _INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
-                 aten.add.Tensor, aten.mean.dim, aten.max_pool2d_with_indices.default}  # fmt: skip
+                 aten.add.Tensor, aten.mul.Tensor, aten.mean.dim,
+                 aten.max_pool2d_with_indices.default}  # fmt: skip
 
 
 def _moves_no_data(node: fx.Node) -> bool:

@@ -15,8 +15,8 @@ Arithmetic shared by all of them (float32 throughout, rounding half to even):
     a fused ReLU/ReLU6 is just the clamp bounds out_min/out_max. This is the converted
     model's dequantize -> fp32 op -> quantize with the products summed exactly, so results
     agree with it except where float rounding lands on a tie;
-  - add dequantizes both inputs in float32, adds and quantizes; mean sums (x - x_zp) exactly
-    in int32, scales by float32(x_scale) / count and quantizes;
+  - add (mul) dequantizes both inputs in float32, adds (multiplies) and quantizes; mean
+    sums (x - x_zp) exactly in int32, scales by float32(x_scale) / count and quantizes;
   - table_lookup maps each int8 value through a 256-entry table: the lowering computes the
     table of a chain of elementwise fp32 ops (sigmoid, hardswish, SiLU, GELU, ...) between a
     dequantize and a quantize by running the chain on all 256 values.
@@ -49,6 +49,9 @@ SCHEMAS: dict[str, str] = {
     "float output_scale, int output_zero_point",
     "max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, "
     "int[] dilation, bool ceil_mode",
+    "mul": "Tensor self, float self_scale, int self_zero_point, Tensor other, "
+    "float other_scale, int other_zero_point, float output_scale, int output_zero_point, "
+    "int output_min, int output_max",
     "table_lookup": "Tensor input, Tensor table",
 }
 
@@ -113,6 +116,11 @@ def add(a, as_, azp, b, bs, bzp, os_, ozp, omin, omax):
     return (torch.round(y * _inv(os_)) + ozp).clamp(omin, omax).to(torch.int8)
 
 
+def mul(a, as_, azp, b, bs, bzp, os_, ozp, omin, omax):
+    y = dequantize_per_tensor(a, as_, azp) * dequantize_per_tensor(b, bs, bzp)
+    return (torch.round(y * _inv(os_)) + ozp).clamp(omin, omax).to(torch.int8)
+
+
 def mean(x, xs, xzp, dim, keepdim, os_, ozp):
     acc = (x.to(torch.int32) - xzp).sum(dim=dim, keepdim=keepdim, dtype=torch.int32)
     count = 1
@@ -140,6 +148,7 @@ REFERENCE = {
     "linear": linear,
     "dynamic_linear": dynamic_linear,
     "add": add,
+    "mul": mul,
     "mean": mean,
     "max_pool2d": max_pool2d,
     "table_lookup": table_lookup,
@@ -174,6 +183,9 @@ FAKE = {
     "linear": lambda x, xs, xzp, w, *_: x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.int8),
     "dynamic_linear": lambda x, w, *_: x.new_empty((*x.shape[:-1], w.shape[0])),
     "add": lambda a, as_, azp, b, *_: a.new_empty(
+        torch.broadcast_shapes(a.shape, b.shape), dtype=torch.int8
+    ),
+    "mul": lambda a, as_, azp, b, *_: a.new_empty(
         torch.broadcast_shapes(a.shape, b.shape), dtype=torch.int8
     ),
     "mean": _fake_mean,

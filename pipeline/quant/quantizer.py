@@ -6,6 +6,9 @@ ATen graph, after prepare_pt2e has folded batch norm into convolutions):
   conv2d [-> relu | relu6 | hardtanh]      int8 input, int8 weight, int8 output
   linear [-> relu]                         same (dynamic: input quantized at run time)
   add    [-> relu]                         int8 inputs and output
+  mul (of two tensors)                     int8 inputs and output
+  sigmoid, hardsigmoid, hardswish, SiLU, GELU, tanh
+                                           int8 input and output (one table lookup each)
   mean / adaptive_avg_pool2d               int8 input and output
   max_pool2d, and shape ops (view, flatten, reshape, permute, dropout, clone)
                                            output shares its input's quantization
@@ -47,6 +50,15 @@ _EPS = 2**-12
 CONV_OPS = {aten.conv2d.default, aten.conv1d.default}
 LINEAR_OPS = {aten.linear.default}
 ADD_OPS = {aten.add.Tensor}
+MUL_OPS = {aten.mul.Tensor}
+ACTIVATION_OPS = {
+    "sigmoid": {aten.sigmoid.default},
+    "hardsigmoid": {aten.hardsigmoid.default},
+    "hardswish": {aten.hardswish.default, aten.hardswish_.default},
+    "silu": {aten.silu.default, aten.silu_.default},
+    "gelu": {aten.gelu.default},
+    "tanh": {aten.tanh.default},
+}
 RELU_OPS = {aten.relu.default, aten.relu_.default, aten.relu6.default, aten.hardtanh.default,
             aten.hardtanh_.default}  # fmt: skip
 POOL_OPS = {aten.mean.dim, aten.adaptive_avg_pool2d.default}
@@ -63,6 +75,8 @@ OP_TYPES = {
     "conv2d": CONV_OPS,
     "linear": LINEAR_OPS,
     "add": ADD_OPS,
+    "mul": MUL_OPS,
+    **ACTIVATION_OPS,
     "mean": {aten.mean.dim},
     "adaptive_avg_pool2d": {aten.adaptive_avg_pool2d.default},
     "max_pool2d": {aten.max_pool2d.default},
@@ -193,9 +207,9 @@ class EtbQuantizer(Quantizer):
                 self._annotate_weighted(node)
             elif self.dynamic:
                 continue  # dynamic quantization covers linear layers only
-            elif node.target in ADD_OPS:
-                self._annotate_add(node)
-            elif node.target in POOL_OPS:
+            elif node.target in ADD_OPS or node.target in MUL_OPS:
+                self._annotate_binary(node)
+            elif node.target in POOL_OPS or any(node.target in o for o in ACTIVATION_OPS.values()):
                 self._annotate_simple(node)
         if not self.dynamic:
             self._annotate_shared(model)
@@ -218,7 +232,8 @@ class EtbQuantizer(Quantizer):
             self._mark(node, inputs, None)
             self._mark(act, {}, self.act)
 
-    def _annotate_add(self, node: fx.Node) -> None:
+    def _annotate_binary(self, node: fx.Node) -> None:
+        """add or mul of two tensors (a scalar operand stays fp32 arithmetic)."""
         a, b = node.args[0], node.args[1]
         if not all(isinstance(t, fx.Node) for t in (a, b)):
             return

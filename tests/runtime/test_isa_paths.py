@@ -337,6 +337,11 @@ def _int8_cases(rng: random.Random) -> list[tuple[Case, list[torch.Tensor]]]:
         case(f"max_pool{kernel}s{stride}", pool, i8(shape, gen))
     add = Op(lambda mod, a, b: Q.add(a, 0.03, -7, b, 0.05, 3, 0.06, -2, -128, 127))
     case("add", add, i8((2, 5, 9, 37), gen), i8((2, 5, 9, 37), gen))
+    mul = Op(lambda mod, a, b: Q.mul(a, 0.03, -7, b, 0.05, 3, 0.2, -2, -128, 127))
+    case("mul", mul, i8((2, 5, 9, 37), gen), i8((5, 9, 1), gen))  # a gate per row
+    lookup = Op(lambda mod, x: Q.table_lookup(x, mod.t), t=i8((256,), gen))
+    every = torch.arange(-128, 128, dtype=torch.int8)  # each entry, in vectors and the tail
+    case("table_lookup", lookup, torch.cat([every, every.flip(0), every[:45]]).view(557))
     quant = Op(lambda mod, x: Q.quantize_per_tensor(x, 0.037, 5, -128, 127))
     case("quantize_per_tensor", quant, torch.randn(3, 77, generator=gen) * 3)
     dequant = Op(lambda mod, x: Q.dequantize_per_tensor(x, 0.021, -4))

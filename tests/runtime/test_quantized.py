@@ -445,7 +445,8 @@ def test_prepared_linear_with_a_dynamic_batch_is_exact_at_every_size(rt, tmp_pat
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_add_broadcast(rt, pipeline_program, seed):
+@pytest.mark.parametrize("name", ["add", "mul"])
+def test_add_mul_broadcast(rt, pipeline_program, seed, name):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     nd = rng.randint(1, 4)
@@ -458,14 +459,29 @@ def test_add_broadcast(rt, pipeline_program, seed):
     ozp, lo, hi = out_params(rng)
     p = [rng.uniform(0.01, 0.2), rng.choice([-128, 0, 127]), rng.uniform(0.01, 0.2),
          rng.choice([-128, 3, 127]), rng.uniform(0.02, 0.3), ozp, lo, hi]  # fmt: skip
-    module = Op(lambda m, x, y: Q.add(x, p[0], p[1], y, p[2], p[3], p[4], p[5], p[6], p[7]))
+    if name == "mul":  # products of order one: the output scale follows the inputs'
+        p[4] = p[0] * p[2] * 128 * rng.uniform(0.3, 1.5)
+    op = getattr(Q, name)
+    module = Op(lambda m, x, y: op(x, p[0], p[1], y, p[2], p[3], p[4], p[5], p[6], p[7]))
     run_exact(rt, pipeline_program, module, [i8(a, gen), i8(b, gen)])
 
 
-def test_add_same_shape_rows_of_vectors_and_a_tail(rt, pipeline_program):
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_mul_by_a_gate_per_channel(rt, pipeline_program, gate_first):
+    """Squeeze-and-excite: [N, C, H, W] times [N, C, 1, 1], rows of 8 lanes and a tail, with
+    the broadcast operand on either side."""
+    gen = torch.Generator().manual_seed(9)
+    x, gate = i8((2, 6, 5, 21), gen), i8((2, 6, 1, 1), gen)
+    module = Op(lambda m, a, b: Q.mul(a, 0.04, 3, b, 0.008, -128, 0.05, 1, -128, 127))
+    run_exact(rt, pipeline_program, module, [gate, x] if gate_first else [x, gate])
+
+
+@pytest.mark.parametrize("name, out_scale", [("add", 0.09), ("mul", 0.2)])
+def test_add_mul_same_shape_rows_of_vectors_and_a_tail(rt, pipeline_program, name, out_scale):
     """Contiguous operands: 8 lanes at a time, then the last 3 elements one by one."""
     gen = torch.Generator().manual_seed(5)
-    module = Op(lambda m, x, y: Q.add(x, 0.07, -5, y, 0.03, 11, 0.09, -3, -100, 120))
+    op = getattr(Q, name)
+    module = Op(lambda m, x, y: op(x, 0.07, -5, y, 0.03, 11, out_scale, -3, -100, 120))
     run_exact(rt, pipeline_program, module, [i8((4, 83), gen), i8((4, 83), gen)])
 
 
@@ -528,7 +544,8 @@ def test_table_lookup(rt, pipeline_program, shape):
     gen = torch.Generator().manual_seed(len(shape))
     module = Op(lambda m, x: Q.table_lookup(x, m.t), t=i8((256,), gen))
     x = i8(shape, gen)
-    x.view(-1)[:2] = torch.tensor([-128, 127], dtype=torch.int8)[: x.numel()]  # both ends
+    every = torch.arange(-128, 128, dtype=torch.int8)  # every entry, where there is room
+    x.view(-1)[: min(256, x.numel())] = every[: x.numel()]
     run_exact(rt, pipeline_program, module, [x], threads=2)
 
 

@@ -78,6 +78,7 @@ class Pattern(torch.nn.Module):
         groups = 8 if kind == "depthwise" else 1
         self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=groups)
         self.conv2 = torch.nn.Conv2d(8, 8, 1, stride=2, bias=False)
+        self.se = torch.nn.Conv2d(8, 8, 1)
 
     def forward(self, x):
         y = self.conv(x)
@@ -91,6 +92,9 @@ class Pattern(torch.nn.Module):
             y = y.mean((2, 3))
         elif self.kind == "maxpool":
             y = F.max_pool2d(y, 2)
+        elif self.kind == "se":  # squeeze-and-excite: an int8 mul with broadcasting
+            gate = torch.sigmoid(self.se(y.mean((2, 3), keepdim=True)))
+            y = self.conv2(y * gate)
         elif self.kind == "two":
             y = self.conv2(F.relu6(y))
         elif self.kind in TABLE_ACTIVATIONS:  # a chain of fp32 ops between two convs
@@ -113,7 +117,18 @@ TABLE_ACTIVATIONS = {
 
 @pytest.mark.parametrize(
     "kind",
-    ["plain", "depthwise", "relu6", "relu", "add", "mean", "maxpool", "two", *TABLE_ACTIVATIONS],
+    [
+        "plain",
+        "depthwise",
+        "relu6",
+        "relu",
+        "add",
+        "mean",
+        "maxpool",
+        "two",
+        "se",
+        *TABLE_ACTIVATIONS,
+    ],  # fmt: skip
 )
 def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
     torch.manual_seed(0)
@@ -127,8 +142,10 @@ def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
     assert "aten.convolution.default" not in names
     assert not any("quantized_decomposed" in n for n in names)
     assert not any(n.startswith("aten.") for n in names[1:-1]), names  # no fp32 in between
-    if kind in TABLE_ACTIVATIONS:
+    if kind in TABLE_ACTIVATIONS or kind == "se":
         assert names.count("etb_quantized.table_lookup.default") == 1, names
+    if kind == "se":
+        assert "etb_quantized.mul.default" in names, names
     ours, ref = run_graph(g, x), converted(x)
     step = output_scale(g)
     assert (ours - ref).abs().max() <= step * 1.0001

@@ -109,11 +109,52 @@ Error dequantize_per_tensor_out(KernelContext& ctx, const Tensor& input, double 
   return Error::Ok;
 }
 
-Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t self_zero_point,
-              const Tensor& other, double other_scale, int64_t other_zero_point,
-              double output_scale, int64_t output_zero_point, int64_t output_min,
-              int64_t output_max, Tensor& out) {
-  const char* op = "etb_quantized::add";
+namespace {
+
+#if defined(__AVX2__)
+// table[v + 128] for 32 int8 values v, from the table's rows as table_lookup_out lays them
+// out. vpshufb reads row entry (index & 15) where the index byte is >= 0 and gives 0 where it
+// is negative. The lower half: index u = v + 128 read as signed is >= 0 exactly for u < 128;
+// subtracting 16 per row (saturating, so negatives stay negative) leaves it >= 0 for rows
+// 0..u/16, whose XOR-chained entries telescope to row u/16's. The upper half does the same
+// from v itself (>= 0 exactly for u >= 128) over rows 8-15.
+inline __m256i lookup32(const uint8_t (*rows)[16], __m256i v) {
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  __m256i lo = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));  // u as a signed byte
+  __m256i hi = v;
+  __m256i r = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k) {
+    const __m256i row_lo =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(rows[k])));
+    const __m256i row_hi =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(rows[8 + k])));
+    r = _mm256_xor_si256(r, _mm256_shuffle_epi8(row_lo, lo));
+    r = _mm256_xor_si256(r, _mm256_shuffle_epi8(row_hi, hi));
+    lo = _mm256_subs_epi8(lo, sixteen);
+    hi = _mm256_subs_epi8(hi, sixteen);
+  }
+  return r;
+}
+#endif
+
+// The sum (kMul: the product) of the two dequantized values, in float32.
+template <bool kMul>
+inline float combine(float a, float b) {
+  return kMul ? a * b : a + b;
+}
+#if defined(__AVX2__)
+template <bool kMul>
+inline __m256 combine8(__m256 a, __m256 b) {
+  return kMul ? _mm256_mul_ps(a, b) : _mm256_add_ps(a, b);
+}
+#endif
+
+// add and mul: both inputs dequantized in float32, combined, quantized; with broadcasting.
+template <bool kMul>
+Error binary_out(KernelContext& ctx, const char* op, const Tensor& self, double self_scale,
+                 int64_t self_zero_point, const Tensor& other, double other_scale,
+                 int64_t other_zero_point, double output_scale, int64_t output_zero_point,
+                 int64_t output_min, int64_t output_max, Tensor& out) {
   ETB_TRY(expect_char(self, op, "self"));
   ETB_TRY(expect_char(other, op, "other"));
   ETB_TRY(expect_char(out, op, "out"));
@@ -136,37 +177,38 @@ Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t
   const float as = float(self_scale), bs = float(other_scale);
   const int32_t az = int32_t(self_zero_point), bz = int32_t(other_zero_point);
   // out may alias self or other elementwise (in place): each element is read before written.
+  // A row reads each operand contiguously (stride 1) or as one broadcast value (stride 0:
+  // a squeeze-and-excite gate) in vectors; other strides one element at a time.
   auto row = [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
     int8_t* o = y + oo;
     const int8_t* x0 = a + oa;
     const int8_t* x1 = b + ob;
-    if (sa == 1 && sb == 1) {
-      int64_t i = 0;
+    int64_t i = 0;
 #if defined(__AVX2__)
+    if ((sa == 0 || sa == 1) && (sb == 0 || sb == 1)) {
       const OutQuant8 v(q);
       const __m256i azv = _mm256_set1_epi32(az), bzv = _mm256_set1_epi32(bz);
       const __m256 asv = _mm256_set1_ps(as), bsv = _mm256_set1_ps(bs);
+      const __m256i a0 = _mm256_set1_epi32(x0[0]), b0 = _mm256_set1_epi32(x1[0]);
       for (; i + 8 <= n; i += 8) {
         const __m256i ia =
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x0 + i)));
+            sa == 0
+                ? a0
+                : _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x0 + i)));
         const __m256i ib =
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x1 + i)));
+            sb == 0
+                ? b0
+                : _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x1 + i)));
         const __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia, azv)), asv);
         const __m256 fb = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ib, bzv)), bsv);
-        store_int8x8(quantize8(_mm256_add_ps(fa, fb), v), o + i);
+        store_int8x8(quantize8(combine8<kMul>(fa, fb), v), o + i);
       }
+    }
 #endif
-      for (; i < n; ++i) {
-        const float fa = float(int32_t(x0[i]) - az) * as;
-        const float fb = float(int32_t(x1[i]) - bz) * bs;
-        o[i] = quantize_one(fa + fb, q);
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const float fa = float(int32_t(x0[i * sa]) - az) * as;
-        const float fb = float(int32_t(x1[i * sb]) - bz) * bs;
-        o[i] = quantize_one(fa + fb, q);
-      }
+    for (; i < n; ++i) {
+      const float fa = float(int32_t(x0[i * sa]) - az) * as;
+      const float fb = float(int32_t(x1[i * sb]) - bz) * bs;
+      o[i] = quantize_one(combine<kMul>(fa, fb), q);
     }
   };
   native::parallel_range(ctx, out.numel(), 1,
@@ -174,8 +216,27 @@ Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t
   return Error::Ok;
 }
 
-Error table_lookup_out(KernelContext& ctx, const Tensor& input, const Tensor& table,
-                        Tensor& out) {
+}  // namespace
+
+Error add_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t self_zero_point,
+              const Tensor& other, double other_scale, int64_t other_zero_point,
+              double output_scale, int64_t output_zero_point, int64_t output_min,
+              int64_t output_max, Tensor& out) {
+  return binary_out<false>(ctx, "etb_quantized::add", self, self_scale, self_zero_point, other,
+                           other_scale, other_zero_point, output_scale, output_zero_point,
+                           output_min, output_max, out);
+}
+
+Error mul_out(KernelContext& ctx, const Tensor& self, double self_scale, int64_t self_zero_point,
+              const Tensor& other, double other_scale, int64_t other_zero_point,
+              double output_scale, int64_t output_zero_point, int64_t output_min,
+              int64_t output_max, Tensor& out) {
+  return binary_out<true>(ctx, "etb_quantized::mul", self, self_scale, self_zero_point, other,
+                          other_scale, other_zero_point, output_scale, output_zero_point,
+                          output_min, output_max, out);
+}
+
+Error table_lookup_out(KernelContext& ctx, const Tensor& input, const Tensor& table, Tensor& out) {
   const char* op = "etb_quantized::table_lookup";
   ETB_TRY(expect_char(input, op, "input"));
   ETB_TRY(expect_char(table, op, "table"));
@@ -187,8 +248,40 @@ Error table_lookup_out(KernelContext& ctx, const Tensor& input, const Tensor& ta
   const int8_t* x = input.data_as<int8_t>();
   const int8_t* t = table.data_as<int8_t>() + 128;  // t[v] for v in [-128, 127]
   int8_t* y = out.data_as<int8_t>();
+#if defined(__AVX2__)
+  // The table as 16 rows of 16, each row XORed with the one before within its half (rows
+  // 0-7, rows 8-15): see lookup32.
+  alignas(32) uint8_t rows[16][16];
+  const uint8_t* tu = reinterpret_cast<const uint8_t*>(table.data_as<int8_t>());
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      rows[r][c] = uint8_t(tu[16 * r + c] ^ (r % 8 != 0 ? tu[16 * (r - 1) + c] : 0));
+#endif
   native::parallel_range(ctx, input.numel(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = t[x[i]];
+    int64_t i = begin;
+#if defined(__AVX2__)
+    for (; i + 32 <= end; i += 32) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), lookup32(rows, v));
+    }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    const uint8_t* tu = reinterpret_cast<const uint8_t*>(table.data_as<int8_t>());
+    const uint8x16x4_t q0 = vld1q_u8_x4(tu), q1 = vld1q_u8_x4(tu + 64);
+    const uint8x16x4_t q2 = vld1q_u8_x4(tu + 128), q3 = vld1q_u8_x4(tu + 192);
+    for (; i + 16 <= end; i += 16) {
+      // Index x + 128; each 64-entry quarter looks up (index - 64 q), out of range gives 0
+      // (vqtbl4q) or keeps the lane (vqtbx4q).
+      const uint8x16_t idx = veorq_u8(vld1q_u8(reinterpret_cast<const uint8_t*>(x + i)),
+                                      vdupq_n_u8(0x80));
+      const uint8x16_t k64 = vdupq_n_u8(64);
+      uint8x16_t r = vqtbl4q_u8(q0, idx);
+      r = vqtbx4q_u8(r, q1, vsubq_u8(idx, k64));
+      r = vqtbx4q_u8(r, q2, vsubq_u8(idx, vdupq_n_u8(128)));
+      r = vqtbx4q_u8(r, q3, vsubq_u8(idx, vdupq_n_u8(192)));
+      vst1q_u8(reinterpret_cast<uint8_t*>(y + i), r);
+    }
+#endif
+    for (; i < end; ++i) y[i] = t[x[i]];
   });
   return Error::Ok;
 }
