@@ -364,7 +364,9 @@ class _Lowering:
                 args, kwargs = fx.node.map_arg((n.args, n.kwargs), value)
                 values[n] = n.target(*args, **kwargs)
             out = values[q.args[0]]
-            table = q.target(out.to(torch.float32).expand(256), *q.args[1:], **q.kwargs)
+            # One value per int8 input (a one-element constant may have added leading dims).
+            out = out.to(torch.float32).reshape(-1).expand(256)
+            table = q.target(out, *q.args[1:], **q.kwargs)
         source = dq.args[0]
         # A lookup of a lookup that nothing else reads is one lookup of the composed table.
         if (
