@@ -18,7 +18,8 @@ import torch
 import torchao.quantization.pt2e  # noqa: F401  (registers the quantized_decomposed ops)
 from torch import fx
 
-from ..graph import Graph
+from ..graph import Graph, source_of
+from ..passes import is_pure_view
 from . import ops as qops
 
 aten = torch.ops.aten
@@ -413,8 +414,6 @@ _INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
 
 
 def _moves_no_data(node: fx.Node) -> bool:
-    from ..passes import is_pure_view
-
     return node.op == "call_function" and (node.target is operator.getitem or is_pure_view(node))
 
 
@@ -438,8 +437,6 @@ def fp32_fallbacks(g: Graph, kernel_key) -> list[dict]:
     activation: one entry per operator (``kernel_key(node)`` names it) with its calls, why it
     is not int8, the quantize/dequantize kernels around it (what it costs) and where the
     model made it."""
-    from ..graph import source_of
-
     dq, q = E.dequantize_per_tensor.default, E.quantize_per_tensor.default
     float_after_int8: set[fx.Node] = set()
     found: dict[str, dict] = {}

@@ -59,6 +59,7 @@ ACTIVATION_OPS = {
     "gelu": {aten.gelu.default},
     "tanh": {aten.tanh.default},
 }
+_ACTIVATION_TARGETS = set().union(*ACTIVATION_OPS.values())
 RELU_OPS = {aten.relu.default, aten.relu_.default, aten.relu6.default, aten.hardtanh.default,
             aten.hardtanh_.default}  # fmt: skip
 POOL_OPS = {aten.mean.dim, aten.adaptive_avg_pool2d.default}
@@ -209,7 +210,7 @@ class EtbQuantizer(Quantizer):
                 continue  # dynamic quantization covers linear layers only
             elif node.target in ADD_OPS or node.target in MUL_OPS:
                 self._annotate_binary(node)
-            elif node.target in POOL_OPS or any(node.target in o for o in ACTIVATION_OPS.values()):
+            elif node.target in POOL_OPS or node.target in _ACTIVATION_TARGETS:
                 self._annotate_simple(node)
         if not self.dynamic:
             self._annotate_shared(model)

@@ -174,7 +174,7 @@ def render(ctx: Context) -> str:
         dtypes = "; ".join(f"{arg}: {'/'.join(d)}" for arg, d in info["dtypes"].items())
         lines.append(f"| `{key}` | {info['count']} | {dtypes} |")
     if cfg.quant.scheme.value != "none":
-        lines += _fp32_section(a.get("fp32_fallbacks", []))
+        lines += _fp32_section(a["fp32_fallbacks"])
     sizes = a.get("runtime_sizes")
     if sizes:
         lines += _size_section(cfg, sizes)

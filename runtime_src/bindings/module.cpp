@@ -81,7 +81,6 @@ struct MethodState {
   etb::MemoryAllocator temp_alloc;
   etb::MemoryManager memory;
   Buffer prepared_buffer;  // the weights the kernels packed at load (Method::prepare)
-  size_t prepared_bytes = 0;
   std::optional<etb::Method> method;
   size_t num_instructions = 0;
 };
@@ -203,24 +202,29 @@ class PyProgram {
 
   nb::list run(nb::list inputs, const std::string& name, bool profile) {
     // One run at a time: the method's planned memory holds one call's inputs and values.
-    // Wait for the lock without the GIL, so that the running thread can take it back.
-    std::unique_lock<std::mutex> lock(run_mu_, std::defer_lock);
-    {
-      nb::gil_scoped_release release;
-      lock.lock();
-    }
+    std::unique_lock<std::mutex> lock = lock_runs();
     return run_locked(inputs, name, profile);
   }
 
   std::vector<std::pair<std::string, double>> last_profile() const { return last_profile_; }
 
   size_t prepared_bytes(const std::string& name) {
-    std::unique_lock<std::mutex> lock(run_mu_);
+    std::unique_lock<std::mutex> lock = lock_runs();
     if (methods_.find(name) == methods_.end()) init_method_locked(name, std::nullopt, 8u << 20);
-    return methods_[name]->prepared_bytes;
+    const MethodState& st = *methods_[name];
+    return st.prepared_buffer ? st.method->prepared_bytes() : 0;
   }
 
  private:
+  // Takes the run lock, waiting without the GIL so that a running thread (which releases the
+  // GIL while it executes) can take the GIL back and finish.
+  std::unique_lock<std::mutex> lock_runs() {
+    std::unique_lock<std::mutex> lock(run_mu_, std::defer_lock);
+    nb::gil_scoped_release release;
+    lock.lock();
+    return lock;
+  }
+
   void init_method_locked(const std::string& name,
                           std::optional<std::vector<int64_t>> bank_sizes, size_t temp_bytes) {
     methods_.erase(name);
@@ -256,11 +260,10 @@ class PyProgram {
     etb::Result<etb::Method> m = program_->load_method(name.c_str(), st->memory);
     if (!m.ok()) raise(m.error());
     st->method.emplace(std::move(m.value()));
-    if (prepare_ && st->method->prepared_bytes() > 0) {
-      st->prepared_bytes = st->method->prepared_bytes();
-      st->prepared_buffer = aligned_buffer(st->prepared_bytes);
-      etb::Error e = st->method->prepare(
-          etb::Span<uint8_t>(st->prepared_buffer.get(), st->prepared_bytes));
+    const size_t prepared = st->method->prepared_bytes();
+    if (prepare_ && prepared > 0) {
+      st->prepared_buffer = aligned_buffer(prepared);
+      etb::Error e = st->method->prepare(etb::Span<uint8_t>(st->prepared_buffer.get(), prepared));
       if (e != etb::Error::Ok) raise(e);
     }
     st->method->set_parallel(pool_.get());

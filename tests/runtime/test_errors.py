@@ -309,3 +309,33 @@ def test_init_method_during_a_run_is_refused(rt, tmp_path):
     assert refused, "the run finished before init_method was tried: raise the budget"
     assert len(errors) == 1 and "its budget" in errors[0], errors
     prog.init_method("forward")  # after the run: allowed
+
+
+def test_prepared_bytes_during_a_run_waits_for_it(tmp_path):
+    """prepared_bytes() asked while another thread runs the program waits for the run (without
+    holding the GIL, which the run needs to return), in a process with a deadline."""
+    import subprocess
+    import sys
+
+    from rt_helpers import write_loop_program
+
+    pte = write_loop_program(tmp_path / "loop.pte", jump_back=True)
+    script = (
+        "import sys, threading, time, torch\n"
+        f"sys.path[:0] = {sys.path!r}\n"
+        "import etbuild.runtime as rt\n"
+        f"prog = rt.load({str(pte)!r}, instruction_budget=20_000_000)\n"
+        "def long_run():\n"
+        "    try:\n"
+        "        prog.run([torch.randn(2, 3)])\n"
+        "    except rt.Error:\n"
+        "        pass\n"
+        "t = threading.Thread(target=long_run)\n"
+        "t.start()\n"
+        "time.sleep(0.2)\n"
+        "print('during', t.is_alive(), prog.prepared_bytes())\n"
+        "t.join()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "during True 0" in proc.stdout, proc.stderr[-2000:]

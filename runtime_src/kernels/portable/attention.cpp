@@ -71,14 +71,7 @@ void softmax_row(float* row, int64_t i, int64_t S, float scale, bool causal, con
     for (int64_t j = 0; j < S; ++j) row[j] = 0.f;
     return;
   }
-  float sum = 0.f;
-  for (int64_t j = 0; j < S; ++j) {
-    const float e = std::exp(row[j] - mx);
-    row[j] = e;
-    sum += e;
-  }
-  const float r = 1.f / sum;
-  for (int64_t j = 0; j < S; ++j) row[j] *= r;
+  softmax_with_max(row, row, S, 1, mx);
 }
 
 }  // namespace

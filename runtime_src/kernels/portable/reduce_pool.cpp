@@ -30,14 +30,7 @@ Error softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half
       float* ys = y + o * len * inner + i;
       float m = -INFINITY;
       for (int64_t k = 0; k < len; ++k) m = xs[k * inner] > m ? xs[k * inner] : m;
-      float sum = 0.f;
-      for (int64_t k = 0; k < len; ++k) {
-        const float e = std::exp(xs[k * inner] - m);
-        ys[k * inner] = e;
-        sum += e;
-      }
-      const float r = 1.f / sum;
-      for (int64_t k = 0; k < len; ++k) ys[k * inner] *= r;
+      softmax_with_max(xs, ys, len, inner, m);
     }
   });
   return Error::Ok;

@@ -165,37 +165,40 @@ Error constant_pad_nd_out(KernelContext&, const Tensor& self, Span<const int64_t
     T* o = out.data_as<T>();
     const T fill = std::is_floating_point<T>::value ? T(value.to_double()) : T(value.to_int());
     for (int64_t i = 0; i < out.numel(); ++i) o[i] = fill;
-    // The part of self that lands in out: per dim, source [lo, hi) at out index lo + before.
-    int64_t lo[kMaxDim], n[kMaxDim];
-    int64_t count = 1;
-    for (int d = 0; d < nd; ++d) {
-      lo[d] = before[d] < 0 ? -before[d] : 0;
-      const int64_t hi = self.size(d) + (after[d] < 0 ? after[d] : 0);
-      n[d] = hi > lo[d] ? hi - lo[d] : 0;
-      count *= n[d];
-    }
-    if (count == 0 || nd == 0) {
-      if (nd == 0) o[0] = self.data_as<T>()[0];
-      return;
-    }
-    const T* x = self.data_as<T>();
-    const int last = nd - 1;
-    int64_t idx[kMaxDim] = {};  // position within the copied region, leading dims
-    for (int64_t row = 0; row < count / n[last]; ++row) {
-      int64_t src = 0, dst = 0;
-      for (int d = 0; d < nd; ++d) {
-        const int64_t at = d == last ? 0 : idx[d];
-        src = src * self.size(d) + lo[d] + at;
-        dst = dst * sz[d] + lo[d] + at + before[d];
-      }
-      for (int64_t j = 0; j < n[last]; ++j) o[dst + j] = x[src + j];
-      for (int d = last - 1; d >= 0; --d) {
-        if (++idx[d] < n[d]) break;
-        idx[d] = 0;
-      }
-    }
   });
   if (!built) return dtype_not_built("constant_pad_nd", "self", self.dtype());
+  // The part of self that lands in out, row by row (bytes): per dim, source [lo, lo + n) at
+  // out index lo + before.
+  const size_t esize = self.element_size();
+  int64_t lo[kMaxDim], n[kMaxDim];
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    lo[d] = before[d] < 0 ? -before[d] : 0;
+    const int64_t hi = self.size(d) + (after[d] < 0 ? after[d] : 0);
+    n[d] = hi > lo[d] ? hi - lo[d] : 0;
+    count *= n[d];
+  }
+  const uint8_t* x = static_cast<const uint8_t*>(self.data());
+  uint8_t* o = static_cast<uint8_t*>(out.data());
+  if (nd == 0) {
+    memcpy(o, x, esize);
+    return Error::Ok;
+  }
+  const int last = nd - 1;
+  int64_t idx[kMaxDim] = {};  // position within the copied region, leading dims
+  for (int64_t row = 0; count > 0 && row < count / n[last]; ++row) {
+    int64_t src = 0, dst = 0;
+    for (int d = 0; d < nd; ++d) {
+      const int64_t at = lo[d] + (d == last ? 0 : idx[d]);
+      src = src * self.size(d) + at;
+      dst = dst * sz[d] + at + before[d];
+    }
+    memcpy(o + dst * int64_t(esize), x + src * int64_t(esize), size_t(n[last]) * esize);
+    for (int d = last - 1; d >= 0; --d) {
+      if (++idx[d] < n[d]) break;
+      idx[d] = 0;
+    }
+  }
   return Error::Ok;
 }
 

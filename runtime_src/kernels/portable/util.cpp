@@ -1,10 +1,23 @@
 #include "kernels/portable/util.h"
 
+#include <cmath>
+
 #include "kernels/portable/kernel_isa.h"
 #include "kernels/simd.h"
 
 namespace etb {
 namespace native {
+
+void softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, float max) {
+  float sum = 0.f;
+  for (int64_t k = 0; k < len; ++k) {
+    const float e = std::exp(x[k * stride] - max);
+    y[k * stride] = e;
+    sum += e;
+  }
+  const float r = 1.f / sum;
+  for (int64_t k = 0; k < len; ++k) y[k * stride] *= r;
+}
 
 Error dtype_not_built(const char* op, const char* arg, ScalarType dtype) {
   return fail(Error::NotSupported,

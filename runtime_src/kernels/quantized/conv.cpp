@@ -97,11 +97,12 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
       ctx.allocate_temp(a_bytes * size_t(s.groups) + per_thread * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
   char* base = static_cast<char*>(mem.value());
-  for (int64_t g = 0; g < s.groups && pw.packed == nullptr; ++g)
-    qgemm_pack_a(ctx, oc_g, K, w + g * oc_g * K, K,
-                 reinterpret_cast<int16_t*>(base + size_t(g) * a_bytes));
+  if (pw.packed == nullptr)
+    for (int64_t g = 0; g < s.groups; ++g)
+      qgemm_pack_a(ctx, oc_g, K, w + g * oc_g * K, K,
+                   reinterpret_cast<int16_t*>(base + size_t(g) * a_bytes));
   auto packed_a = [&](int64_t g) {
-    return pw.packed != nullptr ? pw.packed + size_t(g) * pw.group_stride
+    return pw.packed != nullptr ? pw.group(g)
                                 : reinterpret_cast<const int16_t*>(base + size_t(g) * a_bytes);
   };
   char* scratch = base + a_bytes * size_t(s.groups);
@@ -155,8 +156,7 @@ Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input, double, int6
       !shape_of(input, weight, groups, &s) || takes_depthwise_path(s))
     return Error::Ok;
   const int64_t oc_g = s.OC / groups, K = s.C / groups * s.KH * s.KW;
-  void* mem = pctx.take(prepared_weights_bytes(groups, oc_g, K, /*pack=*/true));
-  if (mem != nullptr) prepare_weights(groups, oc_g, K, weight.data_as<int8_t>(), true, mem);
+  prepare_weights(pctx, groups, oc_g, K, weight.data_as<int8_t>(), /*pack=*/true);
   return Error::Ok;
 }
 
@@ -258,8 +258,6 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     for (int64_t g = 0; g < groups; ++g) {
       const int8_t* xg = x + (n * s.C + g * cin_g) * HW;
       const int8_t* wg = w + g * oc_g * K;
-      const int16_t* wg_packed =
-          pw.packed != nullptr ? pw.packed + size_t(g) * pw.group_stride : nullptr;
       ConvEpilogue e{wsum + g * oc_g,
                      mult + g * oc_g,
                      bias_f + g * oc_g,
@@ -268,7 +266,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
                      y + (n * s.OC + g * oc_g) * P,
                      P};
       if (pointwise) {
-        qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e, wg_packed);
+        qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e, pw.group(g));
         continue;
       }
       int8_t* yg = e.out;
@@ -277,7 +275,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
         auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col); };
         ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
-        qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e, wg_packed);
+        qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e, pw.group(g));
       }
     }
   }

@@ -273,9 +273,8 @@ Error table_lookup_out(KernelContext& ctx, const Tensor& input, const Tensor& ta
       // (vqtbl4q) or keeps the lane (vqtbx4q).
       const uint8x16_t idx = veorq_u8(vld1q_u8(reinterpret_cast<const uint8_t*>(x + i)),
                                       vdupq_n_u8(0x80));
-      const uint8x16_t k64 = vdupq_n_u8(64);
       uint8x16_t r = vqtbl4q_u8(q0, idx);
-      r = vqtbx4q_u8(r, q1, vsubq_u8(idx, k64));
+      r = vqtbx4q_u8(r, q1, vsubq_u8(idx, vdupq_n_u8(64)));
       r = vqtbx4q_u8(r, q2, vsubq_u8(idx, vdupq_n_u8(128)));
       r = vqtbx4q_u8(r, q3, vsubq_u8(idx, vdupq_n_u8(192)));
       vst1q_u8(reinterpret_cast<uint8_t*>(y + i), r);

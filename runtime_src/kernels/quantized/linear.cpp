@@ -125,9 +125,7 @@ Error prepare_linear_weights(PrepareContext& pctx, const Tensor& input, const Te
   int64_t rows = 1;
   for (int d = 0; d < input.dim() - 1; ++d) rows *= input.size(d);
   const int64_t O = weight.size(0), K = weight.size(1);
-  const bool pack = qgemm_reads_packed_a(rows);
-  void* mem = pctx.take(prepared_weights_bytes(1, O, K, pack));
-  if (mem != nullptr) prepare_weights(1, O, K, weight.data_as<int8_t>(), pack, mem);
+  prepare_weights(pctx, 1, O, K, weight.data_as<int8_t>(), qgemm_reads_packed_a(rows));
   return Error::Ok;
 }
 

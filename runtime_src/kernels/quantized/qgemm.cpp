@@ -377,23 +377,26 @@ struct PreparedHeader {
   int64_t packed;  // 1: each group's rows follow the sums, widened
 };
 constexpr size_t kHeaderBytes = align64(sizeof(PreparedHeader));
+
+// Where the widened rows start in a block: after the header and the row sums.
+size_t packed_offset(int64_t groups, int64_t M) {
+  return kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t));
+}
 }  // namespace
 
-size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack) {
-  return kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t)) +
-         (pack ? size_t(groups) * qgemm_packed_a_bytes(M, K) : 0);
-}
-
-void prepare_weights(int64_t groups, int64_t M, int64_t K, const int8_t* A, bool pack, void* mem) {
+void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
+                     bool pack) {
+  const size_t a_bytes = qgemm_packed_a_bytes(M, K);
+  void* mem = pctx.take(packed_offset(groups, M) + (pack ? size_t(groups) * a_bytes : 0));
+  if (mem == nullptr) return;  // the sizing pass
   new (mem) PreparedHeader{groups, M, K, pack ? 1 : 0};
   char* base = static_cast<char*>(mem);
   const KernelContext serial(nullptr);
   row_sums(serial, groups * M, K, A, K, reinterpret_cast<int32_t*>(base + kHeaderBytes));
-  if (!pack) return;
-  char* packed = base + kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t));
-  for (int64_t g = 0; g < groups; ++g)
+  char* packed = base + packed_offset(groups, M);
+  for (int64_t g = 0; g < groups && pack; ++g)
     qgemm_pack_a(serial, M, K, A + g * M * K, K,
-                 reinterpret_cast<int16_t*>(packed + size_t(g) * qgemm_packed_a_bytes(M, K)));
+                 reinterpret_cast<int16_t*>(packed + size_t(g) * a_bytes));
 }
 
 PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K) {
@@ -403,8 +406,7 @@ PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int
   const char* base = static_cast<const char*>(mem);
   w.sums = reinterpret_cast<const int32_t*>(base + kHeaderBytes);
   if (h->packed != 0) {
-    w.packed = reinterpret_cast<const int16_t*>(base + kHeaderBytes +
-                                                align64(size_t(groups * M) * sizeof(int32_t)));
+    w.packed = reinterpret_cast<const int16_t*>(base + packed_offset(groups, M));
     w.group_stride = qgemm_packed_a_bytes(M, K) / sizeof(int16_t);
   }
   return w;

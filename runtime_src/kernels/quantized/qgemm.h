@@ -27,13 +27,19 @@ struct PreparedWeights {
   const int32_t* sums = nullptr;    // groups * M row sums (nullptr: no usable block)
   const int16_t* packed = nullptr;  // group g at packed + g * group_stride, or nullptr
   size_t group_stride = 0;          // int16 elements
+  /// Group g's widened rows for qgemm's `apacked`, or nullptr when not packed.
+  const int16_t* group(int64_t g) const {
+    return packed != nullptr ? packed + size_t(g) * group_stride : nullptr;
+  }
 };
-/// Bytes of the block prepare_weights fills.
-size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack);
-/// Fills `mem` (prepared_weights_bytes, 64-byte aligned) from A: groups * M rows of K, packed.
-void prepare_weights(int64_t groups, int64_t M, int64_t K, const int8_t* A, bool pack, void* mem);
-/// The block at `mem` that prepare_weights filled, or an empty view when it was filled for
-/// another shape (the kernel then works from the weights themselves).
+/// A prepare hook's part for weights A (groups * M rows of K, row-major): takes the block
+/// from `pctx` and, in the filling pass, writes the row sums and (when `pack`) the rows
+/// widened.
+void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
+                     bool pack);
+/// The block at `mem` (KernelContext::prepared()) that prepare_weights filled, or an empty
+/// view when there is none or it was filled for another shape (the kernel then works from
+/// the weights themselves).
 PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K);
 /// Whether qgemm reads its A packed for a product of N columns with B's rows contiguous
 /// (b_sk == 1): fewer columns take plain dot products over A itself.
