@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..errors import EtbuildError
@@ -34,24 +36,71 @@ def dynamic_shapes_for(mcfg, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
                 f"{d.dim} is outside [min={d.min}, max={d.max}]; widen the range or change "
                 "the input shape"
             )
+        if d.max < 2 or d.max <= d.min:
+            raise EtbuildError(
+                f"model.dynamic_dims[{d.name}] allows sizes {d.min}..{d.max} only: a dynamic dim "
+                "needs max > min and max >= 2 (torch.export fixes sizes 0 and 1 as constants). "
+                "Widen the range, or remove the entry to build for the example size"
+            )
         shapes[i][d.dim % rank] = torch.export.Dim(d.name, min=d.min, max=d.max)
     return tuple(shapes)
 
 
-def run(ctx: Context) -> None:
-    mcfg = ctx.cfg.model
-    module = ctx.artifacts["module"]
-    inputs = ctx.artifacts["example_inputs"]
+def tracing_inputs(mcfg, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``inputs`` with every dynamic dim of example size 0 or 1 grown to a size of at least 2.
+
+    torch.export treats sizes 0 and 1 as constants, so a dynamic batch traced at its usual
+    example size of 1 would be fixed to 1. Tracing at the smallest size >= 2 inside the
+    declared range keeps it symbolic; the example inputs themselves (reference, verify) keep
+    their configured sizes.
+    """
+    names = [s.name for s in mcfg.inputs]
+    out = list(inputs)
+    for d in mcfg.dynamic_dims:
+        i = names.index(d.input)
+        example = out[i].shape[d.dim]
+        if example >= 2:
+            continue
+        shape = list(out[i].shape)
+        shape[d.dim] = max(2, d.min)  # <= max: dynamic_shapes_for checked max >= 2
+        x = out[i]
+        # Repeat the example's values; an empty example has none, so use zeros.
+        out[i] = x.expand(shape).contiguous() if example == 1 else x.new_zeros(shape)
+    return tuple(out)
+
+
+def export_program(module: torch.nn.Module, mcfg, inputs: tuple[torch.Tensor, ...]):
+    """torch.export.export of ``module`` with the config's dynamic dims, or a clear error."""
     dynamic = dynamic_shapes_for(mcfg, inputs)
+    traced = tracing_inputs(mcfg, inputs) if dynamic else inputs
     try:
-        ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
+        return torch.export.export(module, traced, dynamic_shapes=dynamic, strict=False)
     except Exception as exc:  # torch.export raises many error types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip()
+        fixed = re.search(r"Constraints violated \(([^)]*)\)", text)
+        if fixed:
+            dims = [d for d in mcfg.dynamic_dims if d.name in fixed.group(1).split(", ")]
+            where = "; ".join(f"{d.name} = input {d.input!r} dim {d.dim}" for d in dims)
+            value = re.search(r"specialized it to be a constant \((\d+)\)", text)
+            to = f" to {value.group(1)}" if value else ""
+            raise EtbuildError(
+                f"model {mcfg.name!r}: the model's code fixes a dim declared dynamic{to} "
+                f"({where or fixed.group(1)}), so it cannot vary at run time. Remove the entry "
+                "from model.dynamic_dims to build for the example size, or write the model "
+                "without hard-coded sizes for that dim (e.g. x.flatten(1) rather than "
+                "x.view(N, -1))."
+            ) from exc
+        first = text.splitlines()[0] if text else type(exc).__name__
         raise EtbuildError(
             f"torch.export could not trace model {mcfg.name!r}: {first}\n"
             "The model must be exportable with torch.export.export(strict=False); see "
             "the torch.export documentation on data-dependent control flow and dynamic shapes."
         ) from exc
+
+
+def run(ctx: Context) -> None:
+    mcfg = ctx.cfg.model
+    ep = export_program(ctx.artifacts["module"], mcfg, ctx.artifacts["example_inputs"])
     ctx.artifacts["exported"] = ep
     nodes = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     ctx.summarize(nodes=nodes, dynamic_dims=len(mcfg.dynamic_dims))

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from ..config import QuantScheme
 from ..errors import EtbuildError
 from ..runner import Context
-from .export import dynamic_shapes_for
+from .export import export_program
 
 
 def _train(prepared, qcfg, batches, teacher) -> float:
@@ -43,7 +43,6 @@ def run(ctx: Context) -> None:
 
     module = ctx.artifacts["module"]
     inputs = ctx.artifacts["example_inputs"]
-    dynamic = dynamic_shapes_for(mcfg, inputs)
     quantizer = EtbQuantizer(qcfg)
     # Dynamic quantization needs no activation statistics, but one pass lets the weight
     # observers see the weights.
@@ -53,7 +52,7 @@ def run(ctx: Context) -> None:
         import copy
 
         student = copy.deepcopy(module).train()
-        graph = torch.export.export(student, inputs, dynamic_shapes=dynamic, strict=False)
+        graph = export_program(student, mcfg, inputs)
         prepared = prepare_qat_pt2e(graph.module(), quantizer)
         facts["qat_final_loss"] = round(_train(prepared, qcfg, batches, module), 6)
         move_exported_model_to_eval(prepared)
@@ -64,8 +63,6 @@ def run(ctx: Context) -> None:
                 prepared(*batch)
     converted = convert_pt2e(prepared)
     ctx.artifacts["quantized_module"] = converted
-    ctx.artifacts["exported"] = torch.export.export(
-        converted, inputs, dynamic_shapes=dynamic, strict=False
-    )
+    ctx.artifacts["exported"] = export_program(converted, mcfg, inputs)
     facts["calibration_batches"] = len(batches)
     ctx.summarize(**facts)

@@ -174,3 +174,51 @@ def test_sweep_goes_on_past_a_failing_job(tmp_path: Path) -> None:
         assert (runs["ok"] / name).is_file(), name
     assert not (runs["failed"] / "model.pte").exists()
     assert str(runs["failed"]) in proc.stderr
+
+
+def test_dynamic_batch_with_an_example_batch_of_one(tmp_path: Path) -> None:
+    """torch.export fixes a size-1 dim as a constant; etbuild traces a dynamic batch whose
+    example is 1 at size 2, so the program still takes every batch in [1, 16]."""
+    import etbuild.runtime
+
+    overrides = ["model=mlp", "model.inputs=[{name:features,shape:[1,64]}]"]
+    module = build_in_process(overrides, tmp_path).artifacts["module"].eval()
+    prog = etbuild.runtime.load(str(tmp_path / "model.pte"))
+    gen = torch.Generator().manual_seed(5)
+    for batch in (1, 2, 9, 16):
+        x = torch.randn(batch, 64, generator=gen)
+        with torch.no_grad():
+            want = module(x)
+        assert want.std() > 0.1
+        torch.testing.assert_close(prog.run([x])[0], want, rtol=1e-4, atol=1e-4 * want.abs().max())
+
+
+class HardCodedBatch(torch.nn.Module):
+    def forward(self, x):
+        return x.view(4, -1).relu()
+
+
+def test_dynamic_dim_fixed_by_the_model_names_the_entry_and_the_fix() -> None:
+    from omegaconf import OmegaConf
+
+    from etbuild.pipeline.stages.export import export_program
+
+    mcfg = OmegaConf.create(
+        {
+            "name": "hard_coded",
+            "inputs": [{"name": "x", "shape": [4, 8]}],
+            "dynamic_dims": [{"name": "batch", "input": "x", "dim": 0, "min": 1, "max": 16}],
+        }
+    )
+    with pytest.raises(EtbuildError) as err:
+        export_program(HardCodedBatch(), mcfg, (torch.randn(4, 8),))
+    assert str(err.value).startswith(
+        "model 'hard_coded': the model's code fixes a dim declared dynamic to 4 "
+        "(batch = input 'x' dim 0), so it cannot vary at run time. Remove the entry from "
+        "model.dynamic_dims"
+    )
+    mcfg.dynamic_dims[0].max = 1
+    with pytest.raises(
+        EtbuildError, match=r"allows sizes 1\.\.1 only: a dynamic dim needs max > m"
+    ):
+        export_program(HardCodedBatch(), mcfg, (torch.randn(1, 8),))
