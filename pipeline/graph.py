@@ -106,6 +106,44 @@ def source_of(node: fx.Node) -> str:
     return f"{chosen['file']}:{chosen['line']}  {chosen['code'].strip()}"
 
 
+# torch_fn's "<kind>.<name>" -> how users write the call.
+_CALL_PREFIX = {
+    "function": "F.",
+    "builtin_function_or_method": "torch.",
+    "method_descriptor": "Tensor.",
+}
+
+
+def origin_of(node: fx.Node) -> str:
+    """The torch-level call and module that made ``node``: "F.unfold in nn.Unfold 'enc.unfold'".
+
+    An ATen op that the user never wrote (a piece of nn.GRU, of F.scaled_dot_product_attention)
+    is named by what the user did write: the innermost module (``nn_module_stack``) and the
+    function or method called (``torch_fn``). "" when export recorded neither.
+    """
+    parts = []
+    fn = node.meta.get("torch_fn")
+    if fn and "." in fn[1]:
+        kind, name = fn[1].rsplit(".", 1)
+        if kind == "function" and not hasattr(torch.nn.functional, name):
+            kind = ""  # a user's own function: its line says more than its name
+        if kind == "builtin_function_or_method":
+            same = getattr(torch.nn.functional, name, None)
+            if same is not None and same is getattr(torch, name, None):
+                kind = "function"  # F.conv2d is torch.conv2d: users know it as F.conv2d
+            name = re.sub(r"^(special|linalg|fft)_", r"\1.", name)  # torch.special.erfcx
+        if kind in _CALL_PREFIX:
+            parts.append(_CALL_PREFIX[kind] + name)
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, cls = list(stack.values())[-1]
+        cls = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+        short = cls.rsplit(".", 1)[-1]
+        kind = f"nn.{short}" if cls.startswith("torch.nn.") else short
+        parts.append(f"{kind} '{path}'" if path else kind)
+    return " in ".join(parts)
+
+
 def is_static(node: fx.Node) -> bool:
     """True when the node's value has a fully static shape."""
     val = node.meta.get("val")

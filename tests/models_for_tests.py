@@ -111,11 +111,16 @@ def no_ops(**_: Any) -> nn.Module:
 
 
 class TwoMissingOps(nn.Module):
-    """Two distinct ops with no kernel in ops_yaml (each used at a marked line)."""
+    """Two distinct ops with no kernel in ops_yaml (each used at a marked line): one called
+    directly, one that a torch module calls inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool1d(4)
 
     def forward(self, x: Tensor) -> Tensor:
         a = torch.special.erfcx(x)  # MISSING-OP erfcx
-        b = torch.cumsum(a, dim=1)  # MISSING-OP cumsum
+        b = self.pool(a)  # MISSING-OP pool
         return torch.relu(b)
 
 

@@ -10,11 +10,12 @@ import operator
 from collections import defaultdict
 
 import torch
+from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import attention, passes
 from ..errors import EtbuildError
-from ..graph import Graph, source_of
+from ..graph import Graph, origin_of, source_of
 from ..ops import kernel_key_for, load_ops, ops_yaml_digest
 from ..runner import Context
 from ..symints import SYM_OPS
@@ -89,22 +90,39 @@ _UNSUPPORTED_FORMS = {
 
 
 def check_ops(g: Graph) -> dict[str, int]:
-    """Raise one error listing every op without a kernel; else return kernel use counts."""
+    """Raise one error listing every op without a kernel; else return kernel use counts.
+
+    Each missing op is named with where it came from (the torch-level call and module, and
+    the user's line) and with its fix: a kernel, or a rewrite when no kernel can exist.
+    """
     ops = load_ops()
     used: dict[str, int] = defaultdict(int)
-    missing: dict[str, list[str]] = defaultdict(list)
+    missing: dict[str, list[fx.Node]] = defaultdict(list)
+    fixes: dict[str, str] = {}
     for node in g.call_nodes():
         key = required_kernel(node)
         if key == "":
             continue
         form = _UNSUPPORTED_FORMS.get(node.target)
         if form is not None and form[0](node):
-            missing[f"{key}  as {form[1]}"].append(source_of(node))
-        elif key is None or key not in ops:
-            label = f"{key}  (for {node.target})" if key else f"{node.target} (no out variant)"
-            missing[label].append(source_of(node))
+            label = f"{key} as {form[1]}"
+            fixes[label] = f"rewrite the line: {key}'s kernel has no {form[1]} path yet"
+        elif key is None:
+            label = str(node.target)
+            fixes[label] = (
+                f"rewrite the line: torch has no form of {node.target} that writes into a "
+                "given output tensor, which every kernel of the runtime does"
+            )
+        elif key not in ops:
+            label = key
+            fixes[label] = (
+                "add a kernel (an ops_yaml/ entry and its code in runtime_src/kernels/), "
+                "or rewrite the line with operations the runtime has"
+            )
         else:
             used[key] += 1
+            continue
+        missing[label].append(node)
     if missing:
         lines = [
             f"The model uses {len(missing)} operator(s) that the runtime has no kernel for "
@@ -112,12 +130,10 @@ def check_ops(g: Graph) -> dict[str, int]:
         ]
         for label in sorted(missing):
             lines.append(f"  {label}")
-            for src in sorted(set(missing[label])):
-                lines.append(f"      at {src}")
-        lines.append(
-            "Rewrite those lines with supported operators, or add kernels for them to "
-            "ops_yaml/ and runtime_src/kernels/."
-        )
+            places = {(origin_of(n), source_of(n)) for n in missing[label]}
+            for origin, src in sorted(places):
+                lines.append(f"      {origin + ', ' if origin else ''}at {src}")
+            lines.append(f"      fix: {fixes[label]}")
         raise EtbuildError("\n".join(lines))
     return dict(sorted(used.items()))
 

@@ -103,5 +103,16 @@ def test_transposed_convolution_is_refused_at_lower_with_the_source(pipeline_pro
         def forward(self, x):
             return self.up(x)
 
-    with pytest.raises(EtbuildError, match=r"transposed convolution \(nn\.ConvTranspose2d"):
+    with pytest.raises(EtbuildError) as err:
         pipeline_program(Up().eval(), [torch.randn(1, 4, 5, 5)])
+    lines = str(err.value).splitlines()
+    assert lines[1] == (
+        "  aten::convolution.out as transposed convolution (nn.ConvTranspose2d, "
+        "F.conv_transpose2d)"
+    )
+    assert lines[2].startswith("      F.conv_transpose2d in nn.ConvTranspose2d 'up', at ")
+    assert lines[2].endswith("return self.up(x)")
+    assert lines[3] == (
+        "      fix: rewrite the line: aten::convolution.out's kernel has no transposed "
+        "convolution (nn.ConvTranspose2d, F.conv_transpose2d) path yet"
+    )
