@@ -81,3 +81,45 @@ def test_group_norm_log_softmax_var(rt, pipeline_program, seed):
     _check(rt, pipeline_program, M(), [x],
            profile=["aten::native_group_norm.out", "aten::_log_softmax.out",
                     "aten::var.correction_out"])  # fmt: skip
+
+
+# ---- argmax / argmin, max / min along a dim, cumsum ----------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_arg_extremes_and_cumsum(rt, pipeline_program, seed):
+    rng = random.Random(10 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = _shape(rng, 1, 4)
+    nd = len(shape)
+    d1, d2, d3 = (rng.randrange(-nd, nd) for _ in range(3))
+    keep = bool(seed % 2)
+
+    class M(nn.Module):
+        def forward(self, x, xl, xi, mask):
+            mx = torch.max(x, d1, keepdim=keep)
+            mn = torch.min(xi, d2, keepdim=not keep)
+            return (
+                torch.argmax(x),
+                torch.argmin(x, keepdim=True),
+                torch.argmax(x, d2, keepdim=keep),
+                torch.argmin(xl, d3),
+                mx.values,
+                mx.indices,
+                mn.values,
+                mn.indices,
+                torch.max(xl, d3)[1],
+                torch.cumsum(x * 0.5, d1),
+                torch.cumsum(xl, d2),
+                torch.cumsum(xi, d3),
+                torch.cumsum(mask, -1),
+            )
+
+    # few distinct values: ties everywhere, which must resolve to the first index
+    x = torch.randint(-3, 4, shape, generator=gen).float() + (seed == 2) * torch.randn(shape)
+    xl = torch.randint(-4, 5, shape, generator=gen) * 1000
+    xi = torch.randint(-2, 3, shape, generator=gen, dtype=torch.int32)
+    mask = torch.rand(shape, generator=gen) < 0.5
+    _check(rt, pipeline_program, M(), [x, xl, xi, mask],
+           profile=["aten::argmax.out", "aten::argmin.out", "aten::max.dim_max",
+                    "aten::min.dim_min", "aten::cumsum.out"])  # fmt: skip
