@@ -219,18 +219,20 @@ def run_stages(
         rec = StageRecord(stage.name)
         ctx.records.append(rec)
         t0 = time.perf_counter()
+        # Everything a stage step does is inside the try, so that a Ctrl-C that lands between
+        # a stage and the next (while logging or storing the cache) is still recorded.
         try:
             stage.fn(ctx)
+            rec.seconds = time.perf_counter() - t0
+            log(_progress_line(i, len(selected), rec))
+            if cache is not None and hit is None and i == len(prefix):
+                _store(ctx, cache, prefix, log)
         except BaseException as exc:
             rec.seconds = time.perf_counter() - t0
             rec.summary["failed"] = type(exc).__name__
             log(_progress_line(i, len(selected), rec))
             error = exc
             break
-        rec.seconds = time.perf_counter() - t0
-        log(_progress_line(i, len(selected), rec))
-        if cache is not None and hit is None and i == len(prefix):
-            _store(ctx, cache, prefix, log)
     status = "ok" if error is None else "failed"
     if isinstance(error, KeyboardInterrupt):
         status = "interrupted"
