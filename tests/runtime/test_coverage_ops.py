@@ -123,3 +123,46 @@ def test_arg_extremes_and_cumsum(rt, pipeline_program, seed):
     _check(rt, pipeline_program, M(), [x, xl, xi, mask],
            profile=["aten::argmax.out", "aten::argmin.out", "aten::max.dim_max",
                     "aten::min.dim_min", "aten::cumsum.out"])  # fmt: skip
+
+
+# ---- comparisons and where -----------------------------------------------------------------
+
+
+def _broadcast_pair(rng: random.Random) -> tuple[list[int], list[int]]:
+    a = _shape(rng, 1, 4)
+    b = [s if rng.random() < 0.6 else 1 for s in a]
+    if rng.random() < 0.4:
+        b = b[rng.randint(0, len(a) - 1) :]  # fewer dims
+    return (a, b) if rng.random() < 0.5 else (b, a)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_comparisons_and_where(rt, pipeline_program, seed):
+    rng = random.Random(20 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    sa, sb = _broadcast_pair(rng)
+    sc = [s if rng.random() < 0.5 else 1 for s in torch.broadcast_shapes(sa, sb)]
+    sc = sc[rng.randint(0, 1) :]  # the condition broadcasts too
+
+    def ints(shape, dtype=torch.int64):  # few distinct values: equal pairs are common
+        return torch.randint(-2, 3, shape, generator=gen, dtype=dtype)
+
+    class M(nn.Module):
+        def forward(self, x, y, xl, yl, xi, yi, xb, yb, c):
+            return (
+                x == y, x != y, x < y, x <= y, x > y, x >= y,
+                xl == yl, xl < yl, xi >= yi, xi != yi, xb == yb, xb > yb,
+                x <= yl, xi < yl,  # mixed dtypes compare in the promoted type
+                x == 1, x != 0.5, x < 0, xl <= 1, xl > 0.5, xi >= -1, xb == 1,
+                torch.where(c, x, y), torch.where(c, xl, yl), torch.where(c, xi, yi),
+                torch.where(c, xb, yb), torch.where(x > 0, x, 0.5),
+                torch.where(xl > 0, xl, -1), torch.where(c, x, xl),
+            )  # fmt: skip
+
+    inputs = [
+        ints(sa).float() * 0.5, ints(sb).float() * 0.5, ints(sa), ints(sb),
+        ints(sa, torch.int32), ints(sb, torch.int32), ints(sa) > 0, ints(sb) > 0,
+        torch.rand(sc, generator=gen) < 0.5,
+    ]  # fmt: skip
+    ran = ["aten::eq.Tensor_out", "aten::ne.Scalar_out", "aten::where.self_out"]
+    _check(rt, pipeline_program, M(), inputs, profile=ran)
