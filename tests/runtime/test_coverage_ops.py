@@ -166,3 +166,58 @@ def test_comparisons_and_where(rt, pipeline_program, seed):
     ]  # fmt: skip
     ran = ["aten::eq.Tensor_out", "aten::ne.Scalar_out", "aten::where.self_out"]
     _check(rt, pipeline_program, M(), inputs, profile=ran)
+
+
+# ---- index_select and gather ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_index_select_and_gather(rt, pipeline_program, seed):
+    rng = random.Random(30 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = _shape(rng, 1, 4)
+    nd = len(shape)
+    d1, d2 = rng.randrange(-nd, nd), rng.randrange(nd)
+    idx1 = torch.randint(0, shape[d1], (rng.choice([1, 4, 9]),), generator=gen)
+    gshape = [rng.randint(1, s) for s in shape]  # at most self's size off the gathered dim
+    gshape[d2] = rng.choice([1, 3, 6])
+    idx2 = torch.randint(0, shape[d2], gshape, generator=gen, dtype=torch.int32)
+    const = torch.randint(0, shape[-1], (5,), generator=gen)
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("const", const)
+
+        def forward(self, x, xl, xb, i1, i1i, i2, i2l):
+            return (
+                torch.index_select(x, d1, i1),
+                torch.index_select(xl, d1, i1i),
+                torch.index_select(xb, -1, self.const),
+                torch.index_select(x, d1, i1[0]),  # a 0-d index keeps the dim
+                torch.gather(x, d2, i2),
+                torch.gather(xl, d2, i2l),
+                torch.gather(xb, d2, i2),
+            )
+
+    x = torch.randn(shape, generator=gen)
+    xl = torch.randint(-100, 100, shape, generator=gen)
+    xb = torch.rand(shape, generator=gen) < 0.5
+    ran = ["aten::index_select.out", "aten::gather.out"]
+    inputs = [x, xl, xb, idx1, idx1.int(), idx2, idx2.long()]
+    _check(rt, pipeline_program, M(), inputs, profile=ran)
+
+
+def test_index_out_of_range_is_an_error(rt, pipeline_program):
+    class M(nn.Module):
+        def forward(self, x, i, j):
+            return torch.index_select(x, 1, i), torch.gather(x, 0, j)
+
+    x = torch.randn(3, 4)
+    i, j = torch.tensor([0, 3]), torch.zeros(2, 4, dtype=torch.long)
+    prog = rt.load(str(pipeline_program(M(), [x, i, j])))
+    assert_matches(prog.run([x, i, j])[0], M()(x, i, j)[0])
+    with pytest.raises(rt.Error, match=r"index_select: index 4 is out of range .* size 4"):
+        prog.run([x, torch.tensor([0, 4]), j])
+    with pytest.raises(rt.Error, match=r"gather: index -1 is out of range .* size 3"):
+        prog.run([x, i, j - 1])
