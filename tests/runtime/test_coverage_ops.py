@@ -221,3 +221,27 @@ def test_index_out_of_range_is_an_error(rt, pipeline_program):
         prog.run([x, torch.tensor([0, 4]), j])
     with pytest.raises(rt.Error, match=r"gather: index -1 is out of range .* size 3"):
         prog.run([x, i, j - 1])
+
+
+# ---- bilinear upsampling -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bilinear_upsample(rt, pipeline_program, seed):
+    rng = random.Random(40 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = [rng.choice([1, 2]), rng.choice([1, 3]), rng.choice([1, 2, 5]), rng.choice([1, 4, 7])]
+    scale = [2.0, 1.5, (0.5, 1.7)][seed]
+    size = (rng.randint(1, 9), rng.randint(1, 9))
+
+    class M(nn.Module):
+        def forward(self, x):
+            return tuple(
+                F.interpolate(x, mode="bilinear", align_corners=ac, **kw)
+                for ac in (False, True)
+                for kw in ({"scale_factor": scale}, {"size": size})
+            ) + (F.interpolate(x, scale_factor=2, mode="nearest"),)  # fmt: skip
+
+    x = torch.randn(shape, generator=gen)
+    ran = ["aten::upsample_bilinear2d.vec_out", "aten::upsample_nearest2d.vec_out"]
+    _check(rt, pipeline_program, M(), [x], profile=ran)
