@@ -9,6 +9,7 @@ so unselected dtype paths are not compiled in). Files are rewritten only when th
 changes.
 """
 
-from .gen import generate, main, parse_schema
+from .gen import generate, main
+from .opdb import load_entries, parse_schema
 
-__all__ = ["generate", "main", "parse_schema"]
+__all__ = ["generate", "load_entries", "main", "parse_schema"]

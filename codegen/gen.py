@@ -1,165 +1,17 @@
-"""Generates the unboxing wrappers and kernel registration of the etbuild runtime.
-
-The schema parser here is deliberately self-contained (PyYAML only, no torch import) so the
-build can run it before the package is installed.
+"""Generates the unboxing wrappers and kernel registration of the etbuild runtime from the
+operator database (``opdb.py``). PyYAML only, no torch: the build runs it before the package
+is installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-
-class CodegenError(Exception):
-    """A problem in ops_yaml or the selection, with a message naming the entry."""
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One schema argument."""
-
-    name: str
-    type: str  # base type without alias annotation: "Tensor", "int[]", "Scalar?", ...
-    is_write: bool  # Tensor(a!)
-    kwarg_only: bool
-
-
-@dataclass(frozen=True)
-class Schema:
-    """A parsed operator schema."""
-
-    namespace: str
-    name: str
-    overload: str
-    args: tuple[Arg, ...]
-    returns: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        base = f"{self.namespace}::{self.name}"
-        return f"{base}.{self.overload}" if self.overload else base
-
-
-@dataclass
-class OpEntry:
-    """One ops_yaml entry ready for generation.
-
-    ``dtypes`` are the dtypes per tensor argument that the runtime is built with (the
-    selection's); ``supported`` are the ones ops_yaml lists (empty: same as ``dtypes``).
-    """
-
-    schema: Schema
-    kernel_name: str
-    dtypes: dict[str, list[str]] = field(default_factory=dict)
-    supported: dict[str, list[str]] = field(default_factory=dict)
-    fuses_clamp: bool = False  # ops_yaml `fuses_clamp`: applies a fused activation clamp
-    prepares: bool = False  # ops_yaml `prepare`: has a load-time hook NAME_prepare
-
-    def supported_dtypes(self, arg: str) -> list[str] | None:
-        """ops_yaml's dtypes of tensor argument ``arg``; None when it lists none."""
-        return (self.supported or self.dtypes).get(arg)
-
-
-# ScalarType names that ops_yaml may list (core/scalar_type.h).
-SCALAR_TYPES = (
-    "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "Bool", "QInt8",
-    "QUInt8", "QInt32", "BFloat16", "UInt16", "UInt32", "UInt64",
-)  # fmt: skip
-
-
-def _split_top(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
-
-
-_ARG_RE = re.compile(
-    r"^(?P<type>[A-Za-z]+)(?P<alias>\([a-z]!?\))?(?P<suffix>(\[\d*\])?\??)\s+"
-    r"(?P<name>\w+)(\s*=\s*.*)?$"
-)
-
-
-def parse_schema(text: str) -> Schema:
-    """Parses an ATen-style schema: ``ns::name.overload(args) -> returns``."""
-    m = re.match(r"^\s*([\w:]+)(?:\.(\w+))?\((.*)\)\s*->\s*(.*)$", text)
-    if not m:
-        raise CodegenError(f"cannot parse schema {text!r}")
-    qual, overload, args_text, ret_text = m.groups()
-    ns, _, name = qual.rpartition("::")
-    args, kwarg_only = [], False
-    for part in _split_top(args_text):
-        if part == "*":
-            kwarg_only = True
-            continue
-        am = _ARG_RE.match(part)
-        if not am:
-            raise CodegenError(f"{text!r}: cannot parse argument {part!r}")
-        alias = am.group("alias") or ""
-        args.append(
-            Arg(am.group("name"), am.group("type") + am.group("suffix"), "!" in alias, kwarg_only)
-        )
-    ret_text = ret_text.strip()
-    if ret_text.startswith("("):
-        ret_text = ret_text[1:-1]
-    returns = tuple(re.sub(r"\(.*?\)", "", r).split()[0] for r in _split_top(ret_text) if r)
-    return Schema(ns or "aten", name, overload or "", tuple(args), returns)
-
-
-def load_entries(ops_dir: Path) -> list[OpEntry]:
-    """Every entry of ``ops_dir/*.yaml``, sorted by operator key."""
-    entries: dict[str, OpEntry] = {}
-    files = sorted(ops_dir.glob("*.yaml"))
-    if not files:
-        raise CodegenError(f"no operator YAML in {ops_dir}")
-    for path in files:
-        for raw in yaml.safe_load(path.read_text()) or []:
-            if "func" not in raw:
-                raise CodegenError(f"{path.name}: entry {raw!r} has no 'func'")
-            schema = parse_schema(raw["func"])
-            kernels = raw.get("kernels") or []
-            if not kernels or "kernel_name" not in kernels[0]:
-                raise CodegenError(f"{path.name}: {schema.key} has no kernels[0].kernel_name")
-            aliases = raw.get("type_alias") or {}
-            dtypes: dict[str, list[str]] = {}
-            for arg, alias in (kernels[0].get("arg_meta") or {}).items():
-                alias = alias[0] if isinstance(alias, list) else alias
-                dtypes[arg] = list(aliases.get(alias, [alias]))
-                unknown = [d for d in dtypes[arg] if d not in SCALAR_TYPES]
-                if unknown:
-                    raise CodegenError(
-                        f"{path.name}: {schema.key} argument {arg}: unknown dtype(s) "
-                        f"{', '.join(map(str, unknown))} (known: {', '.join(SCALAR_TYPES)})"
-                    )
-            if schema.key in entries:
-                raise CodegenError(f"{path.name}: {schema.key} is listed twice")
-            flags = {}
-            for key in ("fuses_clamp", "prepare"):
-                flags[key] = raw.get(key, False)
-                if not isinstance(flags[key], bool):
-                    raise CodegenError(f"{path.name}: {schema.key}: {key} must be true or false")
-            entries[schema.key] = OpEntry(
-                schema,
-                kernels[0]["kernel_name"],
-                dtypes,
-                fuses_clamp=flags["fuses_clamp"],
-                prepares=flags["prepare"],
-            )
-    return [entries[k] for k in sorted(entries)]
+from .opdb import Arg, CodegenError, OpEntry, Schema, load_entries
 
 
 def _selected_dtypes(raw: object) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from .errors import EtbuildError
 
 
 class DType(Enum):
-    """Element types an example input may have."""
+    """Element types an example input may have (values are torch dtype names)."""
 
     float32 = "float32"
     float16 = "float16"

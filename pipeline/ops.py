@@ -1,10 +1,7 @@
-"""The operator registry: what ``ops_yaml/`` says the runtime has.
+"""The operator registry: what ``ops_yaml/`` says the runtime has, as torch sees it.
 
-``ops_yaml/*.yaml`` is in ExecuTorch's ``functions.yaml`` format: each entry has ``func`` (the
-full ``.out`` schema; the namespace defaults to ``aten``) or ``op`` (a name only), optional
-``type_alias`` (alias -> dtype names) and ``kernels`` whose ``arg_meta`` maps arguments to
-aliases. etbuild adds one optional key, ``in_place``: the arguments whose storage the output
-may share (elementwise ops), which the memory planner uses.
+The YAML is loaded and checked by the operator database (``codegen/opdb.py``), the same loader
+codegen uses; this module adds each entry's torch schema and torch dtypes.
 """
 
 from __future__ import annotations
@@ -14,25 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
+from ..codegen.opdb import CodegenError, OpEntry, load_entries
 from .errors import EtbuildError
 from .paths import OPS_YAML_DIR
-
-# ExecuTorch dtype names in type_alias lists -> torch dtypes.
-DTYPE_NAMES: dict[str, torch.dtype] = {
-    "Byte": torch.uint8,
-    "Char": torch.int8,
-    "Short": torch.int16,
-    "Int": torch.int32,
-    "Long": torch.int64,
-    "Half": torch.float16,
-    "Float": torch.float32,
-    "Double": torch.float64,
-    "Bool": torch.bool,
-    "BFloat16": torch.bfloat16,
-}
-DTYPE_TO_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+from .scalar_types import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -51,49 +34,29 @@ class OpDef:
         return f"{self.qualified_name}.{self.overload}" if self.overload else self.qualified_name
 
 
-def _parse_entry(entry: dict, source: str) -> OpDef:
-    text = entry.get("func")
-    if text is None:
-        raise EtbuildError(f"{source}: entry {entry!r} has no 'func' schema; every op needs one")
-    if "::" not in text.split("(", 1)[0]:
-        text = "aten::" + text
+def _opdef(entry: OpEntry) -> OpDef:
+    where = f"{entry.source}: {entry.schema.key}"
     try:
-        schema = torch._C.parse_schema(text)
+        schema = torch._C.parse_schema(entry.schema.text)
     except RuntimeError as exc:
-        raise EtbuildError(f"{source}: cannot parse schema {text!r}: {exc}") from None
-    aliases: dict[str, list[str]] = entry.get("type_alias") or {}
-    dtypes: dict[str, tuple[torch.dtype, ...]] = {}
-    for kernel in entry.get("kernels") or []:
-        for arg, meta in (kernel.get("arg_meta") or {}).items():
-            alias = meta[0] if isinstance(meta, list) else meta
-            names = aliases.get(alias, [alias])
-            try:
-                found = tuple(DTYPE_NAMES[n] for n in names)
-            except KeyError as exc:
-                raise EtbuildError(f"{source}: {schema.name}: unknown dtype {exc}") from None
-            dtypes[arg] = tuple(dict.fromkeys(dtypes.get(arg, ()) + found))
-    in_place = tuple(entry.get("in_place") or ())
-    arg_names = {a.name for a in schema.arguments}
-    for name in list(dtypes) + list(in_place):
-        if name not in arg_names:
-            raise EtbuildError(f"{source}: {schema.name}: '{name}' is not an argument")
-    return OpDef(schema.name, schema.overload_name, schema, dtypes, in_place, source)
+        raise EtbuildError(f"{where}: torch cannot parse the schema: {exc}") from None
+    dtypes = {}
+    for arg, names in entry.dtypes.items():
+        missing = [n for n in names if n not in TORCH_DTYPES]
+        if missing:
+            raise EtbuildError(f"{where} argument {arg}: torch has no dtype {', '.join(missing)}")
+        dtypes[arg] = tuple(TORCH_DTYPES[n] for n in names)
+    return OpDef(schema.name, schema.overload_name, schema, dtypes, entry.in_place, entry.source)
 
 
 @functools.lru_cache(maxsize=4)
 def load_ops(ops_dir: Path = OPS_YAML_DIR) -> dict[str, OpDef]:
     """All ops in ``ops_dir``, keyed by "ns::name.overload"."""
-    ops: dict[str, OpDef] = {}
-    files = sorted(ops_dir.glob("*.yaml"))
-    if not files:
-        raise EtbuildError(f"no operator YAML found in {ops_dir}; reinstall etbuild")
-    for path in files:
-        for entry in yaml.safe_load(path.read_text()) or []:
-            op = _parse_entry(entry, path.name)
-            if op.key in ops:
-                raise EtbuildError(f"{path.name}: {op.key} is listed twice")
-            ops[op.key] = op
-    return ops
+    try:
+        entries = load_entries(ops_dir)
+    except CodegenError as exc:
+        raise EtbuildError(f"ops_yaml: {exc}") from None
+    return {op.key: op for op in map(_opdef, entries)}
 
 
 def ops_yaml_digest(ops_dir: Path = OPS_YAML_DIR) -> str:

@@ -13,17 +13,6 @@ from ..config import DType
 from ..errors import EtbuildError
 from ..runner import Context, sha256_file
 
-TORCH_DTYPES = {
-    DType.float32: torch.float32,
-    DType.float16: torch.float16,
-    DType.bfloat16: torch.bfloat16,
-    DType.int64: torch.int64,
-    DType.int32: torch.int32,
-    DType.int8: torch.int8,
-    DType.uint8: torch.uint8,
-    DType.bool: torch.bool,
-}
-
 
 def make_inputs(
     specs: list[DictConfig], seed: int, batch: int | None = None
@@ -35,7 +24,7 @@ def make_inputs(
         shape = list(spec.shape)
         if batch is not None and shape:
             shape[0] = batch
-        dtype = TORCH_DTYPES[DType(spec.dtype) if not isinstance(spec.dtype, DType) else spec.dtype]
+        dtype = getattr(torch, DType(spec.dtype).value)  # DType's values are torch's names
         low, high = spec.low, spec.high
         if dtype.is_floating_point:
             if low is None and high is None:

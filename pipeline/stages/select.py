@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 
 from .. import pte
 from ..errors import EtbuildError
-from ..ops import DTYPE_TO_NAME, OpDef, load_ops
+from ..ops import OpDef, load_ops
 from ..runner import Context, sha256_bytes
-from ..scalar_types import DTYPES
+from ..scalar_types import DTYPE_NAMES, DTYPES
 
 Selection = dict[str, dict]  # op key -> {"count": int, "dtypes": {argument: [dtype names]}}
 
@@ -49,7 +49,7 @@ def _value_kinds(values, index: int, scalar: bool) -> list[str]:
     v = values[index]
     if v.valType == KernelTypes.Tensor:
         dtype = DTYPES.get(v.val.scalarType)
-        return [DTYPE_TO_NAME.get(dtype, str(dtype))]
+        return [DTYPE_NAMES.get(dtype, str(dtype))]
     if v.valType in (KernelTypes.TensorList, KernelTypes.OptionalTensorList):
         return [k for i in v.val.items for k in _value_kinds(values, int(i), False)]
     if scalar:
@@ -170,7 +170,7 @@ def pinned_selection(
             raise EtbuildError(
                 f"{label}: {key}: give null (every dtype) or {{dtypes: {{argument: [dtypes]}}}}"
             )
-        supported = {a: [DTYPE_TO_NAME[d] for d in ds] for a, ds in opdef.dtypes.items()}
+        supported = {a: [DTYPE_NAMES[d] for d in ds] for a, ds in opdef.dtypes.items()}
         scalar_args = {a.name for a in opdef.schema.arguments if is_scalar_arg(a)}
         given = spec.get("dtypes") or {}
         dtypes = dict(supported) if fill_unlisted else {}

@@ -1,51 +1,33 @@
 #include "core/scalar_type.h"
 
+#include "scalar_type_generated.h"
+
 namespace etb {
+
+// The C++ enum is the program schema's: same name, same code, for every type the runtime
+// stores (a renumbered or renamed schema entry fails the build here).
+#define ETB_CHECK_SCALAR_TYPE(name, code, bytes)                                  \
+  static_assert(int(ScalarType::name) == int(etbuild::schema::ScalarType_##name), \
+                "core/scalar_type.h: " #name " differs from schema/scalar_type.fbs");
+ETB_FOR_EACH_SCALAR_TYPE(ETB_CHECK_SCALAR_TYPE)
+#undef ETB_CHECK_SCALAR_TYPE
 
 size_t element_size(ScalarType t) {
   switch (t) {
-    case ScalarType::Byte:
-    case ScalarType::Char:
-    case ScalarType::Bool:
-    case ScalarType::QInt8:
-    case ScalarType::QUInt8:
-      return 1;
-    case ScalarType::Short:
-    case ScalarType::Half:
-    case ScalarType::BFloat16:
-    case ScalarType::UInt16:
-      return 2;
-    case ScalarType::Int:
-    case ScalarType::Float:
-    case ScalarType::QInt32:
-    case ScalarType::UInt32:
-      return 4;
-    case ScalarType::Long:
-    case ScalarType::Double:
-    case ScalarType::UInt64:
-      return 8;
+#define ETB_SIZE_CASE(name, code, bytes) \
+  case ScalarType::name: return bytes;
+    ETB_FOR_EACH_SCALAR_TYPE(ETB_SIZE_CASE)
+#undef ETB_SIZE_CASE
   }
   return 0;
 }
 
 const char* scalar_type_name(ScalarType t) {
   switch (t) {
-    case ScalarType::Byte: return "Byte";
-    case ScalarType::Char: return "Char";
-    case ScalarType::Short: return "Short";
-    case ScalarType::Int: return "Int";
-    case ScalarType::Long: return "Long";
-    case ScalarType::Half: return "Half";
-    case ScalarType::Float: return "Float";
-    case ScalarType::Double: return "Double";
-    case ScalarType::Bool: return "Bool";
-    case ScalarType::QInt8: return "QInt8";
-    case ScalarType::QUInt8: return "QUInt8";
-    case ScalarType::QInt32: return "QInt32";
-    case ScalarType::BFloat16: return "BFloat16";
-    case ScalarType::UInt16: return "UInt16";
-    case ScalarType::UInt32: return "UInt32";
-    case ScalarType::UInt64: return "UInt64";
+#define ETB_NAME_CASE(name, code, bytes) \
+  case ScalarType::name: return #name;
+    ETB_FOR_EACH_SCALAR_TYPE(ETB_NAME_CASE)
+#undef ETB_NAME_CASE
   }
   return "Unknown";
 }

@@ -6,24 +6,32 @@
 
 namespace etb {
 
+/// The element types this runtime stores: X(name, code, bytes per element). Names and codes
+/// are the program schema's (schema/scalar_type.fbs); core/scalar_type.cpp checks every entry
+/// against the flatc-generated enum at compile time.
+#define ETB_FOR_EACH_SCALAR_TYPE(X) \
+  X(Byte, 0, 1)                     \
+  X(Char, 1, 1)                     \
+  X(Short, 2, 2)                    \
+  X(Int, 3, 4)                      \
+  X(Long, 4, 8)                     \
+  X(Half, 5, 2)                     \
+  X(Float, 6, 4)                    \
+  X(Double, 7, 8)                   \
+  X(Bool, 11, 1)                    \
+  X(QInt8, 12, 1)                   \
+  X(QUInt8, 13, 1)                  \
+  X(QInt32, 14, 4)                  \
+  X(BFloat16, 15, 2)                \
+  X(UInt16, 27, 2)                  \
+  X(UInt32, 28, 4)                  \
+  X(UInt64, 29, 8)
+
 /// Tensor element type; values match the program schema's ScalarType codes.
 enum class ScalarType : int8_t {
-  Byte = 0,
-  Char = 1,
-  Short = 2,
-  Int = 3,
-  Long = 4,
-  Half = 5,
-  Float = 6,
-  Double = 7,
-  Bool = 11,
-  QInt8 = 12,
-  QUInt8 = 13,
-  QInt32 = 14,
-  BFloat16 = 15,
-  UInt16 = 27,
-  UInt32 = 28,
-  UInt64 = 29,
+#define ETB_SCALAR_TYPE_ENUMERATOR(name, code, bytes) name = code,
+  ETB_FOR_EACH_SCALAR_TYPE(ETB_SCALAR_TYPE_ENUMERATOR)
+#undef ETB_SCALAR_TYPE_ENUMERATOR
 };
 
 /// Bytes per element of `t`, or 0 when `t` is not a type this runtime stores.

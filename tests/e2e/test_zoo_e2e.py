@@ -325,7 +325,8 @@ def test_executorch_runs_program_and_matches_eager(executorch_results, model: st
 
 @pytest.mark.parametrize("model", ZOO)
 def test_selected_dtypes_are_supported_by_ops_yaml(zoo_build, model: str) -> None:
-    from etbuild.pipeline.ops import DTYPE_TO_NAME, load_ops
+    from etbuild.pipeline.ops import load_ops
+    from etbuild.pipeline.scalar_types import DTYPE_NAMES
     from etbuild.pipeline.stages.select import SCALAR_KINDS, is_scalar_arg
 
     ops = load_ops()
@@ -338,7 +339,7 @@ def test_selected_dtypes_are_supported_by_ops_yaml(zoo_build, model: str) -> Non
             if arg in scalars:  # the kind of scalar the program passes
                 supported = set(SCALAR_KINDS.values())
             else:
-                supported = {DTYPE_TO_NAME[d] for d in ops[key].dtypes.get(arg, ())}
+                supported = {DTYPE_NAMES[d] for d in ops[key].dtypes.get(arg, ())}
             assert names and set(names) <= supported, (key, arg, names, supported)
 
 

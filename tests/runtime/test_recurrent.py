@@ -107,8 +107,7 @@ def test_transposed_convolution_is_refused_at_lower_with_the_source(pipeline_pro
         pipeline_program(Up().eval(), [torch.randn(1, 4, 5, 5)])
     lines = str(err.value).splitlines()
     assert lines[1] == (
-        "  aten::convolution.out as transposed convolution (nn.ConvTranspose2d, "
-        "F.conv_transpose2d)"
+        "  aten::convolution.out as transposed convolution (nn.ConvTranspose2d, F.conv_transpose2d)"
     )
     assert lines[2].startswith("      F.conv_transpose2d in nn.ConvTranspose2d 'up', at ")
     assert lines[2].endswith("return self.up(x)")
