@@ -61,6 +61,8 @@ BINARY = {
     "sub": lambda m, x, y: x - y,
     "mul": lambda m, x, y: x * y,
     "div": lambda m, x, y: x / y,
+    "maximum": lambda m, x, y: torch.maximum(x, y),
+    "minimum": lambda m, x, y: torch.minimum(x, y),
 }
 
 
@@ -86,12 +88,22 @@ def test_binary_broadcast(rt, pipeline_program, op, seed):
         (torch.int32, torch.int64),
     ],
 )
-@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "maximum"])
 def test_binary_dtypes(rt, pipeline_program, op, dtypes):
     gen = torch.Generator().manual_seed(1)
     x = _rand([3, 5], dtypes[0], gen)
     y = _rand([1, 5], dtypes[1], gen)
     _run_case(rt, pipeline_program, Fn(BINARY[op]), [x, y])
+
+
+def test_maximum_and_minimum_propagate_nan(rt, pipeline_program):
+    x = torch.tensor([[1.0, float("nan"), -2.0, 3.0]])
+    y = torch.tensor([[float("nan"), 0.5, -1.0, 4.0]])
+    module = Fn(lambda m, a, b: (torch.maximum(a, b), torch.minimum(a, b)))
+    prog = rt.load(str(pipeline_program(module, [x, y])))
+    got = prog.run([x, y])
+    for g, w in zip(got, module(x, y), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
 
 
 def test_mul_bool(rt, pipeline_program):
@@ -138,6 +150,22 @@ UNARY = {
     "amax_all": lambda m, x: torch.amax(x, dim=()),
     "amin_middle": lambda m, x: x.amin(1),
     "amin_outer_keep": lambda m, x: x.amin((0, 1), keepdim=True),
+    "sin": lambda m, x: torch.sin(x),
+    "cos": lambda m, x: torch.cos(x),
+    "erf": lambda m, x: torch.erf(x / 2),
+    "reciprocal": lambda m, x: torch.reciprocal(x.abs() + 0.5),
+    "floor": lambda m, x: torch.floor(x),
+    "ceil": lambda m, x: torch.ceil(x),
+    "round": lambda m, x: torch.round(x * 2) / 2 + torch.round(x),  # x*2 has halves
+    "sign": lambda m, x: torch.sign(x),
+    "expm1": lambda m, x: torch.expm1(x / 3),
+    "log1p": lambda m, x: torch.log1p(x.abs()),
+    "leaky_relu": lambda m, x: nn.functional.leaky_relu(x, 0.1),
+    "elu": lambda m, x: nn.functional.elu(x, 0.7),
+    "selu": lambda m, x: torch.selu(x),  # elu with scale and alpha
+    "softplus": lambda m, x: nn.functional.softplus(x),  # exp, log1p, where after decomposition
+    "mish": lambda m, x: nn.functional.mish(x),
+    "logsigmoid": lambda m, x: nn.functional.logsigmoid(x),  # minimum, exp, log1p
 }
 
 

@@ -10,7 +10,7 @@ namespace etb {
 namespace native {
 namespace {
 
-enum class BinOp { Add, Sub, Mul, Div };
+enum class BinOp { Add, Sub, Mul, Div, Max, Min };
 
 template <typename C>
 inline C apply(BinOp op, C a, C b, C alpha) {
@@ -22,6 +22,8 @@ inline C apply(BinOp op, C a, C b, C alpha) {
       case BinOp::Sub: return C(U(a) - U(alpha) * U(b));
       case BinOp::Mul: return C(U(a) * U(b));
       case BinOp::Div: return b == 0 ? C(0) : C(a / b);
+      case BinOp::Max: return a > b ? a : b;
+      case BinOp::Min: return a < b ? a : b;
     }
   } else {
     switch (op) {
@@ -29,6 +31,9 @@ inline C apply(BinOp op, C a, C b, C alpha) {
       case BinOp::Sub: return a - alpha * b;
       case BinOp::Mul: return a * b;
       case BinOp::Div: return a / b;
+      // torch.maximum/minimum propagate NaN from either side.
+      case BinOp::Max: return (a != a || b != b) ? a + b : (a > b ? a : b);
+      case BinOp::Min: return (a != a || b != b) ? a + b : (a < b ? a : b);
     }
   }
   return a;
@@ -91,6 +96,8 @@ constexpr const char* op_key(BinOp op) {
     case BinOp::Sub: return "aten::sub.out";
     case BinOp::Mul: return "aten::mul.out";
     case BinOp::Div: return "aten::div.out";
+    case BinOp::Max: return "aten::maximum.out";
+    case BinOp::Min: return "aten::minimum.out";
   }
   return "";
 }
@@ -212,6 +219,14 @@ Error div_out(KernelContext& ctx, const Tensor& self, const Tensor& other, Tenso
   return binary<BinOp::Div>(ctx, "div", self, other, Scalar(int64_t(1)), out);
 }
 
+Error maximum_out(KernelContext& ctx, const Tensor& self, const Tensor& other, Tensor& out) {
+  return binary<BinOp::Max>(ctx, "maximum", self, other, Scalar(int64_t(1)), out);
+}
+
+Error minimum_out(KernelContext& ctx, const Tensor& self, const Tensor& other, Tensor& out) {
+  return binary<BinOp::Min>(ctx, "minimum", self, other, Scalar(int64_t(1)), out);
+}
+
 Error relu_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   return unary_float(ctx, "relu", self, out, [](float v) { return v > 0.f ? v : 0.f; });
 }
@@ -297,6 +312,63 @@ Error abs_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
 
 Error neg_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   return unary_float(ctx, "neg", self, out, [](float v) { return -v; });
+}
+
+Error sin_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "sin", self, out, [](float v) { return std::sin(v); });
+}
+
+Error cos_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "cos", self, out, [](float v) { return std::cos(v); });
+}
+
+Error erf_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "erf", self, out, [](float v) { return std::erf(v); });
+}
+
+Error reciprocal_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "reciprocal", self, out, [](float v) { return 1.f / v; });
+}
+
+Error floor_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "floor", self, out, [](float v) { return std::floor(v); });
+}
+
+Error ceil_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "ceil", self, out, [](float v) { return std::ceil(v); });
+}
+
+Error round_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  // Halves to even, as torch.round: nearbyint in the default rounding mode.
+  return unary_float(ctx, "round", self, out, [](float v) { return std::nearbyint(v); });
+}
+
+Error sign_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "sign", self, out,
+                     [](float v) { return v > 0.f ? 1.f : (v < 0.f ? -1.f : v); });
+}
+
+Error expm1_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "expm1", self, out, [](float v) { return std::expm1(v); });
+}
+
+Error log1p_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return unary_float(ctx, "log1p", self, out, [](float v) { return std::log1p(v); });
+}
+
+Error leaky_relu_out(KernelContext& ctx, const Tensor& self, const Scalar& negative_slope,
+                     Tensor& out) {
+  const float slope = float(negative_slope.to_double());
+  return unary_float(ctx, "leaky_relu", self, out,
+                     [slope](float v) { return v > 0.f ? v : v * slope; });
+}
+
+Error elu_out(KernelContext& ctx, const Tensor& self, const Scalar& alpha, const Scalar& scale,
+              const Scalar& input_scale, Tensor& out) {
+  const float a = float(alpha.to_double()), s = float(scale.to_double());
+  const float in = float(input_scale.to_double());
+  return unary_float(ctx, "elu", self, out,
+                     [a, s, in](float v) { return v > 0.f ? s * v : s * a * std::expm1(v * in); });
 }
 
 Error pow_tensor_scalar_out(KernelContext& ctx, const Tensor& self, const Scalar& exponent,
