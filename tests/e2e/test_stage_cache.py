@@ -141,7 +141,12 @@ def test_the_model_source_file_is_part_of_the_key(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     # Same-size edits within a second would otherwise reuse a stale .pyc of the old source.
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    args = ["model=mlp", "model._target_=pkg_models.user_net.Net", "model.name=user_net"]
+    args = [
+        "model=mlp",
+        "model._target_=pkg_models.user_net.Net",
+        "model.name=user_net",
+        "build.wheel=false",
+    ]
     runs = []
     for i, scale in enumerate((1.0, 1.0, 3.0)):
         write(scale)

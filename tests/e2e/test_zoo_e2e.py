@@ -178,7 +178,10 @@ def test_reference_outputs_are_order_one(zoo_build, model: str) -> None:
         assert out.float().std() >= 0.1
 
 
-@pytest.mark.parametrize("model", ZOO)
+# Determinism of the whole pipeline, through the command line: the model with the most kinds
+# of op, the one with a dynamic batch and the transformer (the CNNs add nothing new here, and
+# each rebuild costs most of a minute of CI).
+@pytest.mark.parametrize("model", ["mobilenet_v3_small", "mlp", "transformer"])
 def test_rebuild_through_cli_is_byte_identical(zoo_build, cli_rebuild, model: str) -> None:
     first, second = zoo_build(model), cli_rebuild(model)
     for name in ("model.pte", "memory_plan.json", "selected_operators.yaml"):
