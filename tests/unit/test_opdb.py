@@ -121,3 +121,29 @@ def test_every_input_dtype_of_the_config_is_a_program_dtype():
 
     for d in DType:
         assert getattr(torch, d.value) in CODES_BY_DTYPE, d
+
+
+def test_the_readme_example_of_adding_an_op_is_the_real_one():
+    """The contributor section's three snippets for torch.erf are the repository's own text."""
+    root = Path(__file__).resolve().parents[2]
+    readme = root / "README.md"
+    if not readme.is_file():
+        pytest.skip("needs a checkout")
+    section = readme.read_text().split("## Adding an operator")[1].split("\n## ")[0]
+    blocks, current = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("       "):
+            current.append(line[7:])
+        elif current and line.strip():
+            blocks.append("\n".join(current).strip("\n"))
+            current = []
+    if current:
+        blocks.append("\n".join(current).strip("\n"))
+    assert len(blocks) == 3, blocks
+    files = [
+        root / "ops_yaml" / "portable.yaml",
+        root / "runtime_src" / "kernels" / "portable" / "elementwise.cpp",
+        root / "tests" / "runtime" / "test_kernels.py",
+    ]
+    for block, path in zip(blocks, files, strict=True):
+        assert block in path.read_text(), (path, block)
