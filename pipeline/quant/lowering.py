@@ -18,7 +18,7 @@ import torch
 import torchao.quantization.pt2e  # noqa: F401  (registers the quantized_decomposed ops)
 from torch import fx
 
-from ..graph import Graph, source_of
+from ..graph import Graph, is_static, source_of
 from ..passes import is_pure_view
 from . import ops as qops
 
@@ -171,16 +171,40 @@ class _Lowering:
             return
         out_channels = n.meta["val"].shape[1]
         wq = self.weight(w, out_channels)
-        if wq is None or len(n.meta["val"].shape) != 4:
+        rank = len(n.meta["val"].shape)
+        # A 1-D convolution runs as a 2-D one of height 1, through views that move no data
+        # (static shapes only: a dynamic view would cost a copy).
+        as_2d = rank == 3 and is_static(n) and is_static(xq[0])
+        if wq is None or not (rank == 4 or as_2d):
             return
         out = self.requantized_output(n)
         if out is None:
             return
         qnode, os_, ozp, lo, hi = out
         src, xs, xzp = xq
-        args = (src, xs, xzp, *self.weight_consts(n, wq), self.fp32_bias(b, n), list(stride),
-                list(padding), list(dilation), groups, os_, ozp, lo, hi)  # fmt: skip
-        self.replace(qnode, E.conv2d.default, args)
+        stride, padding, dilation = list(stride), list(padding), list(dilation)
+        if as_2d:
+            src = self.reshaped(src, [*_val_shape(src)[:2], 1, _val_shape(src)[2]], before=n)
+            wq = (wq[0].unsqueeze(2), wq[1])
+            stride, padding, dilation = [1, *stride], [0, *padding], [1, *dilation]
+        args = (src, xs, xzp, *self.weight_consts(n, wq), self.fp32_bias(b, n), stride,
+                padding, dilation, groups, os_, ozp, lo, hi)  # fmt: skip
+        new = self.replace(qnode, E.conv2d.default, args)
+        if as_2d:
+            shape = _val_shape(new)
+            new.meta["val"] = new.meta["val"].unsqueeze(2)
+            back = self.reshaped(new, shape, after=new)
+            new.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+
+    def reshaped(self, node: fx.Node, shape: list[int], before=None, after=None) -> fx.Node:
+        """A view of ``node`` with static ``shape``, inserted before or after a node."""
+        where = self.g.fx_graph.inserting_before(before) if before is not None else (
+            self.g.fx_graph.inserting_after(after))  # fmt: skip
+        with where:
+            view = self.g.fx_graph.call_function(aten.view.default, (node, shape))
+        view.meta = dict(node.meta)
+        view.meta["val"] = node.meta["val"].reshape(shape)
+        return view
 
     def fp32_bias(self, b: fx.Node | None, n: fx.Node) -> fx.Node | None:
         if b is None:
@@ -411,6 +435,10 @@ def lower_quantized(g: Graph) -> int:
 _INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
                  aten.add.Tensor, aten.mul.Tensor, aten.mean.dim,
                  aten.max_pool2d_with_indices.default}  # fmt: skip
+
+
+def _val_shape(node: fx.Node) -> list[int]:
+    return [int(d) for d in node.meta["val"].shape]
 
 
 def _moves_no_data(node: fx.Node) -> bool:

@@ -153,6 +153,35 @@ def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
     assert ref.std() > 10 * step  # the comparison is not vacuous
 
 
+class Conv1dStack(torch.nn.Module):
+    """Audio-style 1-D convolutions: strided, grouped, dilated, with ReLU and SiLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(8, 16, 5, stride=2, padding=2)
+        self.c2 = torch.nn.Conv1d(16, 16, 3, padding=2, dilation=2, groups=4)
+        self.c3 = torch.nn.Conv1d(16, 8, 1)
+
+    def forward(self, x):
+        return self.c3(F.silu(self.c2(F.relu(self.c1(x)))))
+
+
+def test_conv1d_lowers_to_the_int8_convolution() -> None:
+    torch.manual_seed(0)
+    model = Conv1dStack().eval()
+    x = torch.randn(2, 8, 41)
+    converted, g = quantize(model, x, qconfig())
+    names = targets(g)
+    assert names.count("etb_quantized.conv2d.default") == 3, names
+    assert "aten.convolution.default" not in names
+    assert not any(n.startswith("aten.") and "view" not in n for n in names[1:-1]), names
+    ours, ref = run_graph(g, x), converted(x)
+    step = output_scale(g)
+    assert ours.shape == ref.shape == (2, 8, 21)
+    assert (ours - ref).abs().max() <= step * 1.0001
+    assert ref.std() > 10 * step
+
+
 class Linear(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
