@@ -9,9 +9,12 @@ put on ``sys.path`` (and on ``PYTHONPATH`` for CLI subprocesses) so a config can
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,6 +184,60 @@ def run_cli(args: Sequence[str], cwd: Path, timeout: float = 300) -> subprocess.
         text=True,
         timeout=timeout,
     )
+
+
+# Runs programs in ExecuTorch's runtime, in a subprocess (a crash is reported per program
+# instead of killing the test session). Each argument is RUN_DIR or RUN_DIR=CASES_FILE; the
+# program's reference.pt inputs (and each case's) are run and compared with its outputs.
+EXECUTORCH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    from executorch.runtime import Runtime
+    rt = Runtime.get()
+    def compare(outs, want):
+        return [{
+            "shape": list(o.shape), "want_shape": list(e.shape),
+            "err": (o.float() - e.float()).abs().max().item(),
+            "scale": e.float().abs().max().item(), "std": e.float().std().item(),
+        } for o, e in zip(outs, want)]
+    for arg in sys.argv[1:]:
+        run_dir, _, cases_file = arg.partition("=")
+        ref = torch.load(f"{run_dir}/reference.pt", weights_only=True)
+        try:
+            method = rt.load_program(f"{run_dir}/model.pte").load_method("forward")
+            outs = method.execute(ref["inputs"])
+            line = {"run_dir": run_dir, "outputs": compare(outs, ref["outputs"]),
+                    "n": len(outs), "want_n": len(ref["outputs"]), "cases": []}
+            if cases_file:
+                cases = torch.load(cases_file, weights_only=True)
+                for ins, want in zip(cases["inputs"], cases["outputs"]):
+                    line["cases"].append(compare(method.execute(ins), want))
+        except Exception as exc:
+            line = {"run_dir": run_dir, "error": repr(exc)}
+        print("ETRESULT " + json.dumps(line), flush=True)
+    """
+)
+
+
+def run_in_executorch(run_dirs: Sequence[str], cases: dict[str, Path] | None = None) -> dict:
+    """{run_dir: result} of running each run directory's model.pte in ExecuTorch's runtime:
+    per output its shape, max error, max |expected| and std (or ``error``)."""
+    if importlib.util.find_spec("executorch") is None:
+        pytest.skip("executorch is not importable; pip install executorch==1.5.1")
+    args = [f"{d}={cases[d]}" if cases and d in cases else d for d in run_dirs]
+    proc = subprocess.run(
+        [sys.executable, "-c", EXECUTORCH_SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("ETRESULT "):
+            r = json.loads(line.removeprefix("ETRESULT "))
+            results[r["run_dir"]] = r
+    failed = {"error": f"runtime exited {proc.returncode}: {proc.stderr[-2000:]}"}
+    return {d: results.get(d, failed) for d in run_dirs}
 
 
 @pytest.fixture(scope="session")

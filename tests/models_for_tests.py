@@ -170,3 +170,146 @@ class TinyViT(nn.Module):
 def tiny_vit(**_: Any) -> nn.Module:
     torch.manual_seed(7)
     return TinyViT().eval()
+
+
+# -- the architectures users bring, written the way people write them ----------------------
+
+
+def _widened(model: nn.Module, classifier: nn.Linear, gain: float = 4.0) -> nn.Module:
+    """``model`` in eval mode with its classifier's weights scaled by ``gain``: with seeded
+    random weights, features pooled over space or time vary little from input to input, and
+    a comparison of nearly constant logits would prove nothing."""
+    with torch.no_grad():
+        classifier.weight.mul_(gain)
+    return model.eval()
+
+
+def _conv_bn_act(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1,
+                 act: type[nn.Module] = nn.ReLU) -> nn.Sequential:  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+        act(),
+    )
+
+
+class TinyUNet(nn.Module):
+    """Two-level U-Net: max-pool down, nearest and bilinear F.interpolate up, skip
+    connections by concatenation, GroupNorm in the bottleneck."""
+
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.enc1 = nn.Sequential(_conv_bn_act(3, 8), _conv_bn_act(8, 8))
+        self.enc2 = nn.Sequential(_conv_bn_act(8, 16), _conv_bn_act(16, 16))
+        self.mid = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU())
+        self.up2 = _conv_bn_act(32 + 16, 16)
+        self.up1 = _conv_bn_act(16 + 8, 8)
+        self.head = nn.Conv2d(8, classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        s1 = self.enc1(x)
+        s2 = self.enc2(nn.functional.max_pool2d(s1, 2))
+        m = self.mid(nn.functional.max_pool2d(s2, 2))
+        u2 = nn.functional.interpolate(m, scale_factor=2, mode="nearest")
+        u2 = self.up2(torch.cat([u2, s2], dim=1))
+        u1 = nn.functional.interpolate(u2, size=s1.shape[-2:], mode="bilinear")
+        return self.head(self.up1(torch.cat([u1, s1], dim=1)))
+
+
+def unet(**_: Any) -> nn.Module:
+    return TinyUNet().eval()
+
+
+class AudioCNN(nn.Module):
+    """A 1-D convolutional classifier over 40 MFCC features x 101 frames: Conv1d with
+    stride, dilation and groups, batch norm, then a max over time."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv1d(40, 64, 5, padding=2), nn.BatchNorm1d(64), nn.ReLU(),
+            nn.Conv1d(64, 64, 3, padding=2, dilation=2, groups=4), nn.BatchNorm1d(64), nn.ReLU(),
+            nn.Conv1d(64, 32, 3, stride=2), nn.BatchNorm1d(32), nn.ReLU(),
+        )  # fmt: skip
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x).amax(dim=-1))
+
+
+def audio_cnn(**_: Any) -> nn.Module:
+    model = AudioCNN()
+    return _widened(model, model.fc)
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, reduced: int) -> None:
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(channels, reduced, 1), nn.Conv2d(reduced, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = x.mean((2, 3), keepdim=True)
+        return x * torch.sigmoid(self.expand(nn.functional.silu(self.reduce(s))))
+
+
+class MBConv(nn.Module):
+    """EfficientNet's block: 1x1 expand, depthwise 3x3, squeeze-and-excite, 1x1 project."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 4) -> None:
+        super().__init__()
+        mid = cin * expand
+        self.block = nn.Sequential(
+            _conv_bn_act(cin, mid, 1, act=nn.SiLU),
+            _conv_bn_act(mid, mid, 3, stride, groups=mid, act=nn.SiLU),
+            SqueezeExcite(mid, max(1, cin // 4)),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class EfficientNetStyle(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = _conv_bn_act(3, 16, 3, 2, act=nn.SiLU)
+        self.blocks = nn.Sequential(MBConv(16, 16, 1), MBConv(16, 24, 2), MBConv(24, 24, 1))
+        self.head = _conv_bn_act(24, 64, 1, act=nn.SiLU)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.head(self.blocks(self.stem(x))).mean((2, 3)))
+
+
+def efficientnet_style(**_: Any) -> nn.Module:
+    model = EfficientNetStyle()
+    return _widened(model, model.fc)
+
+
+class DSCNN(nn.Module):
+    """Keyword spotting's depthwise-separable CNN over 49 frames x 10 MFCCs."""
+
+    def __init__(self, classes: int = 12, width: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, width, (10, 4), stride=(2, 2), padding=(5, 1), bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+        )
+        layers = []
+        for _ in range(4):
+            layers += [_conv_bn_act(width, width, 3, groups=width), _conv_bn_act(width, width, 1)]
+        self.body = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.pool(self.body(self.stem(x))).flatten(1))
+
+
+def ds_cnn(**_: Any) -> nn.Module:
+    model = DSCNN()
+    return _widened(model, model.fc)

@@ -9,16 +9,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from etbuild_test_support import ARTIFACTS, ZOO, run_cli
+from etbuild_test_support import ARTIFACTS, ZOO, run_cli, run_in_executorch
 
 from etbuild.pipeline import pte
 
@@ -231,36 +228,6 @@ def test_memory_plan_is_consistent(zoo_build, model: str) -> None:
 
 # -- ExecuTorch's own runtime ---------------------------------------------------------------
 
-_ET_SCRIPT = textwrap.dedent(
-    """
-    import json, sys, torch
-    from executorch.runtime import Runtime
-    rt = Runtime.get()
-    def compare(outs, want):
-        return [{
-            "shape": list(o.shape), "want_shape": list(e.shape),
-            "err": (o.float() - e.float()).abs().max().item(),
-            "scale": e.float().abs().max().item(), "std": e.float().std().item(),
-        } for o, e in zip(outs, want)]
-    for arg in sys.argv[1:]:
-        run_dir, _, cases_file = arg.partition("=")
-        ref = torch.load(f"{run_dir}/reference.pt", weights_only=True)
-        try:
-            method = rt.load_program(f"{run_dir}/model.pte").load_method("forward")
-            outs = method.execute(ref["inputs"])
-            line = {"run_dir": run_dir, "outputs": compare(outs, ref["outputs"]),
-                    "n": len(outs), "want_n": len(ref["outputs"]), "cases": []}
-            if cases_file:
-                cases = torch.load(cases_file, weights_only=True)
-                for ins, want in zip(cases["inputs"], cases["outputs"]):
-                    line["cases"].append(compare(method.execute(ins), want))
-        except Exception as exc:
-            line = {"run_dir": run_dir, "error": repr(exc)}
-        print("ETRESULT " + json.dumps(line), flush=True)
-    """
-)
-
-
 DYNAMIC_BATCHES = (1, 7, 16)  # the mlp's batch dim is dynamic in [1, 16]
 
 
@@ -291,24 +258,8 @@ def executorch_results(zoo_build, tmp_path_factory: pytest.TempPathFactory) -> d
         pytest.skip("executorch is not importable; pip install executorch==1.5.1")
     dirs = {m: str(zoo_build(m)) for m in ZOO}
     cases = _mlp_dynamic_cases(zoo_build("mlp"), tmp_path_factory.mktemp("et") / "mlp_cases.pt")
-    args = [f"{d}={cases}" if m == "mlp" else d for m, d in dirs.items()]
-    proc = subprocess.run(
-        [sys.executable, "-c", _ET_SCRIPT, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("ETRESULT "):
-            r = json.loads(line.removeprefix("ETRESULT "))
-            results[r["run_dir"]] = r
-    out = {}
-    for m, d in dirs.items():
-        out[m] = results.get(
-            d, {"error": f"runtime exited {proc.returncode}: {proc.stderr[-2000:]}"}
-        )
-    return out
+    results = run_in_executorch(list(dirs.values()), {dirs["mlp"]: cases})
+    return {m: results[d] for m, d in dirs.items()}
 
 
 @pytest.mark.oracle
