@@ -211,15 +211,20 @@ Error amin_out(KernelContext& ctx, const Tensor& self, Span<const int64_t> dim, 
   return extremum<false>(ctx, "amin", self, dim, keepdim, out);
 }
 
-Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
-               bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+namespace {
+
+// sum and mean over `dim` (every dim when absent); the mean divides by the group size.
+template <bool kMean>
+Error sum_or_mean(const KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+                  bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+  const char* op = kMean ? "mean" : "sum";
   if (dtype.has_value && dtype.value != ScalarType::Float)
-    return fail(Error::NotSupported, "mean: dtype %s is not supported",
+    return fail(Error::NotSupported, "%s: dtype %s is not supported", op,
                 scalar_type_name(dtype.value));
   const int nd = self.dim();
   Reduction plan;
-  ETB_TRY(plan_reduction(self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim, "mean",
-                         &plan));
+  ETB_TRY(
+      plan_reduction(self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim, op, &plan));
   const bool* reduce = plan.reduce;
   const int64_t count = plan.count;
   ETB_TRY(resize_to(out, plan.osz, plan.od));
@@ -232,7 +237,7 @@ Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64
         double s = 0;
         const float* xr = x + o * count;
         for (int64_t i = 0; i < count; ++i) s += xr[i];
-        y[o] = count == 0 ? NAN : float(s / double(count));
+        y[o] = !kMean ? float(s) : count == 0 ? NAN : float(s / double(count));
       }
     });
     return Error::Ok;
@@ -257,9 +262,23 @@ Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64
       idx[d] = 0;
     }
   }
-  const float r = count == 0 ? NAN : 1.f / float(count);
-  for (int64_t o = 0; o < on; ++o) y[o] *= r;
+  if (kMean) {
+    const float r = count == 0 ? NAN : 1.f / float(count);
+    for (int64_t o = 0; o < on; ++o) y[o] *= r;
+  }
   return Error::Ok;
+}
+
+}  // namespace
+
+Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+               bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+  return sum_or_mean<true>(ctx, self, dim, keepdim, dtype, out);
+}
+
+Error sum_intlist_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+                      bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
+  return sum_or_mean<false>(ctx, self, dim, keepdim, dtype, out);
 }
 
 Error var_correction_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
