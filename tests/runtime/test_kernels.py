@@ -136,6 +136,8 @@ UNARY = {
     "sum_last": lambda m, x: x.sum(-1),
     "sum_keep": lambda m, x: x.sum((0, 2), keepdim=True),
     "sum_all": lambda m, x: x.sum(),
+    "max_all": lambda m, x: x.max(),
+    "min_all": lambda m, x: torch.min(x),
     "exp": lambda m, x: torch.exp(x / 3),
     "log": lambda m, x: torch.log(x.abs() + 0.1),
     "sqrt": lambda m, x: torch.sqrt(x.abs()),

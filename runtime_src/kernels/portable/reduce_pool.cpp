@@ -271,6 +271,15 @@ Error sum_or_mean(const KernelContext& ctx, const Tensor& self, Optional<Span<co
 
 }  // namespace
 
+// torch.max(x) / torch.min(x): over every element (an empty dim list reduces them all).
+Error max_unary_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return extremum<true>(ctx, "max", self, Span<const int64_t>(), false, out);
+}
+
+Error min_unary_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return extremum<false>(ctx, "min", self, Span<const int64_t>(), false, out);
+}
+
 Error mean_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
                bool keepdim, Optional<ScalarType> dtype, Tensor& out) {
   return sum_or_mean<true>(ctx, self, dim, keepdim, dtype, out);
