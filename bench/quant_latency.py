@@ -7,6 +7,13 @@ int8 program's SQNR (dB) against the fp32 eager model over --eval inputs and the
 programs' constant bytes. --profile adds the int8 program's time per operator.
 
     python bench/quant_latency.py [--models mobilenet] [--iters 20] [--eval 8] [--profile]
+
+A model is a zoo name or, for a model of your own, the overrides that select it (one argument,
+split at spaces), e.g. the test architectures:
+
+    PYTHONPATH=tests python bench/quant_latency.py --models \
+      "model=custom model._target_=models_for_tests.audio_cnn model.name=audio_cnn \
+       model.inputs=[{name:x,shape:[1,40,101]}]"
 """
 
 from __future__ import annotations
@@ -41,12 +48,14 @@ def sqnr_db(signal: torch.Tensor, test: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal.double().pow(2).mean().item() / noise)
 
 
-def bench_model(name: str, iters: int, n_eval: int, profile: bool, tmp: Path) -> None:
-    ctx32, _ = build([f"model={name}"], tmp / f"{name}_fp32")
-    ctx8, cfg = build([f"model={name}", "+quant=ptq"], tmp / f"{name}_int8")
+def bench_model(model: str, iters: int, n_eval: int, profile: bool, tmp: Path) -> None:
+    overrides = model.split() if "=" in model else [f"model={model}"]
+    ctx32, _ = build(overrides, tmp / "fp32")
+    ctx8, cfg = build([*overrides, "+quant=ptq"], tmp / "int8")
+    name = cfg.model.name
     inputs = list(ctx32.artifacts["example_inputs"])
-    fp32 = runtime.load(str(tmp / f"{name}_fp32" / "model.pte"))
-    int8 = runtime.load(str(tmp / f"{name}_int8" / "model.pte"))
+    fp32 = runtime.load(str(tmp / "fp32" / "model.pte"))
+    int8 = runtime.load(str(tmp / "int8" / "model.pte"))
     # Interleaved runs, so drift in the machine's speed hits both alike; the minimum over the
     # runs is the least disturbed by other load on the machine (the median is printed too).
     fp32.run(inputs), int8.run(inputs)  # warm-up
@@ -70,7 +79,7 @@ def bench_model(name: str, iters: int, n_eval: int, profile: bool, tmp: Path) ->
     c8 = ctx8.artifacts["emit_facts"]["constant_bytes"]
     sizes = f"   constants int8/fp32 {c8 / c32:5.1%}"
     print(
-        f"{name:<12} fp32 {t_fp32 * 1e3:8.2f} ms   int8 {t_int8 * 1e3:8.2f} ms   "
+        f"{name:<18} fp32 {t_fp32 * 1e3:8.2f} ms   int8 {t_int8 * 1e3:8.2f} ms   "
         f"int8/fp32 {t_int8 / t_fp32:5.2f} ({t_fp32 / t_int8:4.2f}x faster; medians {med:4.2f})   "
         f"SQNR vs fp32 eager {sqnr:6.2f} dB over {n_eval} inputs{sizes}",
         flush=True,
@@ -95,8 +104,8 @@ def main() -> None:
     torch.set_num_threads(1)
     register_configs()
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            bench_model(name, args.iters, args.eval, args.profile, Path(tmp))
+        for i, model in enumerate(args.models):
+            bench_model(model, args.iters, args.eval, args.profile, Path(tmp) / str(i))
 
 
 if __name__ == "__main__":
