@@ -194,14 +194,15 @@ def _conv_bn_act(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int =
 
 
 class TinyUNet(nn.Module):
-    """Two-level U-Net: max-pool down, nearest and bilinear F.interpolate up, skip
-    connections by concatenation, GroupNorm in the bottleneck."""
+    """Two-level U-Net: max-pool down, a transposed convolution and bilinear F.interpolate up,
+    skip connections by concatenation, GroupNorm in the bottleneck."""
 
     def __init__(self, classes: int = 3) -> None:
         super().__init__()
         self.enc1 = nn.Sequential(_conv_bn_act(3, 8), _conv_bn_act(8, 8))
         self.enc2 = nn.Sequential(_conv_bn_act(8, 16), _conv_bn_act(16, 16))
         self.mid = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU())
+        self.upsample = nn.ConvTranspose2d(32, 32, 2, stride=2)
         self.up2 = _conv_bn_act(32 + 16, 16)
         self.up1 = _conv_bn_act(16 + 8, 8)
         self.head = nn.Conv2d(8, classes, 1)
@@ -210,7 +211,7 @@ class TinyUNet(nn.Module):
         s1 = self.enc1(x)
         s2 = self.enc2(nn.functional.max_pool2d(s1, 2))
         m = self.mid(nn.functional.max_pool2d(s2, 2))
-        u2 = nn.functional.interpolate(m, scale_factor=2, mode="nearest")
+        u2 = self.upsample(m)
         u2 = self.up2(torch.cat([u2, s2], dim=1))
         u1 = nn.functional.interpolate(u2, size=s1.shape[-2:], mode="bilinear")
         return self.head(self.up1(torch.cat([u1, s1], dim=1)))

@@ -79,16 +79,6 @@ def required_kernel(node: torch.fx.Node) -> str | None:
     return kernel_key_for(passes.VIEW_TO_COPY.get(target, target))
 
 
-# Ops whose kernel exists but not for some of their arguments: a predicate on the node and
-# what the user wrote, so that the build stops here rather than when the program runs.
-_UNSUPPORTED_FORMS = {
-    torch.ops.aten.convolution.default: (
-        lambda n: bool(n.args[6]),
-        "transposed convolution (nn.ConvTranspose2d, F.conv_transpose2d)",
-    ),
-}
-
-
 def check_ops(g: Graph) -> dict[str, int]:
     """Raise one error listing every op without a kernel; else return kernel use counts.
 
@@ -103,11 +93,7 @@ def check_ops(g: Graph) -> dict[str, int]:
         key = required_kernel(node)
         if key == "":
             continue
-        form = _UNSUPPORTED_FORMS.get(node.target)
-        if form is not None and form[0](node):
-            label = f"{key} as {form[1]}"
-            fixes[label] = f"rewrite the line: {key}'s kernel has no {form[1]} path yet"
-        elif key is None:
+        if key is None:
             label = str(node.target)
             fixes[label] = (
                 f"rewrite the line: torch has no form of {node.target} that writes into a "

@@ -262,6 +262,31 @@ def test_conv2d_im2col_large(rt, pipeline_program):
     _run_case(rt, pipeline_program, conv, [torch.randn(1, 64, 30, 29)])
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_conv_transpose2d(rt, pipeline_program, seed):
+    """nn.ConvTranspose2d with random stride, padding, dilation, output padding and groups;
+    a ReLU after it is fused into the call's clamp."""
+    rng = random.Random(seed)
+    groups = rng.choice([1, 1, 2])
+    cin, cout = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+    stride, dilation = rng.randint(1, 3), rng.randint(1, 2)
+    conv = nn.ConvTranspose2d(
+        cin, cout, (rng.randint(1, 4), rng.randint(1, 3)), stride=stride,
+        padding=rng.randint(0, 1), output_padding=rng.randint(0, max(stride, dilation) - 1),
+        groups=groups, dilation=dilation, bias=rng.random() < 0.7,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rng.randint(1, 2), cin, rng.randint(2, 7), rng.randint(2, 7), generator=gen)
+    module = nn.Sequential(conv, nn.ReLU()) if seed % 2 else conv
+    _run_case(rt, pipeline_program, module, [x])
+
+
+def test_conv_transpose1d(rt, pipeline_program):
+    torch.manual_seed(0)
+    conv = nn.ConvTranspose1d(4, 6, 4, stride=2, padding=1, groups=2)
+    _run_case(rt, pipeline_program, conv, [torch.randn(1, 4, 9)])
+
+
 def test_conv1d(rt, pipeline_program):
     torch.manual_seed(7)
     conv = nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2)

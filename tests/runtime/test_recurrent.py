@@ -1,7 +1,7 @@
 """Recurrent models and the data-movement ops users' models export to: nn.GRU and nn.LSTM
 (gates split with split_with_sizes, which the lower stage turns into slices; bidirectional
 layers flip the sequence), chunk, flip and constant padding, against eager on randomized
-shapes; a transposed convolution stops the build at lower."""
+shapes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import torch
 import torch.nn.functional as F
 from rt_helpers import assert_matches
 from torch import nn
-
-from etbuild.pipeline.errors import EtbuildError
 
 
 class Tagger(nn.Module):
@@ -92,26 +90,3 @@ def test_constant_pad(rt, pipeline_program, seed):
     x = torch.randn(shape, generator=gen)
     (got,) = rt.load(str(pipeline_program(M(), [x]))).run([x])
     assert torch.equal(got, M()(x)), (shape, pad)
-
-
-def test_transposed_convolution_is_refused_at_lower_with_the_source(pipeline_program):
-    class Up(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.up = nn.ConvTranspose2d(4, 3, 2, stride=2)
-
-        def forward(self, x):
-            return self.up(x)
-
-    with pytest.raises(EtbuildError) as err:
-        pipeline_program(Up().eval(), [torch.randn(1, 4, 5, 5)])
-    lines = str(err.value).splitlines()
-    assert lines[1] == (
-        "  aten::convolution.out as transposed convolution (nn.ConvTranspose2d, F.conv_transpose2d)"
-    )
-    assert lines[2].startswith("      F.conv_transpose2d in nn.ConvTranspose2d 'up', at ")
-    assert lines[2].endswith("return self.up(x)")
-    assert lines[3] == (
-        "      fix: rewrite the line: aten::convolution.out's kernel has no transposed "
-        "convolution (nn.ConvTranspose2d, F.conv_transpose2d) path yet"
-    )

@@ -1,4 +1,4 @@
-// 1-d and 2-d convolution (NCHW, grouped and depthwise) on Float tensors.
+// 1-d and 2-d convolution (NCHW, grouped and depthwise, and transposed) on Float tensors.
 //
 // Three paths: pointwise (1x1, stride 1, no padding) is one GEMM per group, reading the
 // weights and the activations in place; depthwise (one input channel per group) has its own
@@ -12,13 +12,99 @@
 
 namespace etb {
 namespace native {
+namespace {
+
+// Transposed convolution (nn.ConvTranspose1d/2d): every input pixel scatters its weighted
+// kernel into the output. One task per (batch item, output channel), so a channel's sums run
+// in the same order on any thread. Weight layout: [C, OC / groups, KH, KW].
+Error conv_transpose(KernelContext& ctx, const Tensor& input, const Tensor& weight,
+                     const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
+                     Span<const int64_t> dilation, Span<const int64_t> output_padding,
+                     int64_t groups, Tensor& out) {
+  const char* op = "convolution (transposed)";
+  const int nd = input.dim() - 2;
+  if ((nd != 1 && nd != 2) || weight.dim() != input.dim())
+    return fail(Error::NotSupported, "%s: input and weight must both be 3-d or 4-d", op);
+  const int64_t N = input.size(0), C = input.size(1), H = nd == 2 ? input.size(2) : 1;
+  const int64_t W = input.size(nd + 1), KH = nd == 2 ? weight.size(2) : 1;
+  const int64_t KW = weight.size(nd + 1);
+  int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, oph = 0, opw = 0;
+  bool ok = stride.size() <= size_t(nd) && padding.size() <= size_t(nd) &&
+            dilation.size() <= size_t(nd) && output_padding.size() <= size_t(nd);
+  const int last = nd - 1;  // the width's index in each list
+  ok = ok && pair_item(stride, last, 1, &sw) && pair_item(padding, last, 0, &pw) &&
+       pair_item(dilation, last, 1, &dw) && pair_item(output_padding, last, 0, &opw);
+  if (nd == 2)
+    ok = ok && pair_item(stride, 0, 1, &sh) && pair_item(padding, 0, 0, &ph) &&
+         pair_item(dilation, 0, 1, &dh) && pair_item(output_padding, 0, 0, &oph);
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (!ok || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 || sh > kLimit ||
+      sw > kLimit || dh > kLimit || dw > kLimit || ph > kLimit || pw > kLimit)
+    return fail(Error::InvalidArgument,
+                "%s: stride and dilation must be in [1, 2^30], padding in [0, 2^30]", op);
+  if (oph < 0 || opw < 0 || (oph >= sh && oph >= dh) || (opw >= sw && opw >= dw))
+    return fail(Error::InvalidArgument,
+                "%s: output_padding must be smaller than the stride or the dilation", op);
+  if (groups < 1 || C % groups != 0 || weight.size(0) != C)
+    return fail(Error::InvalidArgument,
+                "%s: weight has %lld input channels and groups=%lld, the input %lld channels", op,
+                (long long)weight.size(0), (long long)groups, (long long)C);
+  const int64_t cin_g = C / groups, oc_g = weight.size(1), OC = oc_g * groups;
+  const int64_t OH = (H - 1) * sh - 2 * ph + dh * (KH - 1) + oph + 1;
+  const int64_t OW = (W - 1) * sw - 2 * pw + dw * (KW - 1) + opw + 1;
+  if (OH < 1 || OW < 1 || KH < 1 || KW < 1)
+    return fail(Error::InvalidArgument, "%s: the padding leaves an empty output", op);
+  if (bias != nullptr && (bias->dim() != 1 || bias->size(0) != OC))
+    return fail(Error::InvalidArgument, "%s: bias must have %lld elements", op, (long long)OC);
+  int64_t osz[4] = {N, OC, OH, OW};
+  if (nd == 1) osz[2] = OW;
+  ETB_TRY(resize_to(out, osz, nd + 2));
+  const float* x = input.data_as<float>();
+  const float* w = weight.data_as<float>();
+  const float* b = bias != nullptr ? bias->data_as<float>() : nullptr;
+  float* y = out.data_as<float>();
+  const OutputClamp clamp = ctx.output_clamp();
+  auto channel = [&](int64_t task, int) {
+    const int64_t n = task / OC, oc = task % OC, g = oc / oc_g;
+    float* yo = y + task * OH * OW;
+    const float init = b != nullptr ? b[oc] : 0.f;
+    for (int64_t i = 0; i < OH * OW; ++i) yo[i] = init;
+    for (int64_t ic = g * cin_g; ic < (g + 1) * cin_g; ++ic) {
+      const float* xc = x + (n * C + ic) * H * W;
+      const float* wc = w + (ic * oc_g + oc % oc_g) * KH * KW;
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const float wv = wc[kh * KW + kw];
+          const int64_t offw = kw * dw - pw;  // ow = iw * sw + offw
+          // The iw whose ow is inside [0, OW).
+          const int64_t lo = offw >= 0 ? 0 : (-offw + sw - 1) / sw;
+          int64_t hi = OW - 1 - offw < 0 ? 0 : (OW - 1 - offw) / sw + 1;
+          if (hi > W) hi = W;
+          for (int64_t ih = 0; ih < H; ++ih) {
+            const int64_t oh = ih * sh - ph + kh * dh;
+            if (oh < 0 || oh >= OH) continue;
+            const float* xr = xc + ih * W;
+            float* yr = yo + oh * OW + offw;
+            for (int64_t iw = lo; iw < hi; ++iw) yr[iw * sw] += wv * xr[iw];
+          }
+        }
+    }
+    if (clamp.active())
+      for (int64_t i = 0; i < OH * OW; ++i) yo[i] = std::min(std::max(yo[i], clamp.lo), clamp.hi);
+  };
+  ctx.parallel_for(N * OC, channel);
+  return Error::Ok;
+}
+
+}  // namespace
 
 Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
                       const Tensor* bias, Span<const int64_t> stride, Span<const int64_t> padding,
                       Span<const int64_t> dilation, bool transposed,
                       Span<const int64_t> output_padding, int64_t groups, Tensor& out) {
-  (void)output_padding;
-  if (transposed) return fail(Error::NotSupported, "convolution: transposed is not supported");
+  if (transposed)
+    return conv_transpose(ctx, input, weight, bias, stride, padding, dilation, output_padding,
+                          groups, out);
   const int nd = input.dim() - 2;
   if (nd != 1 && nd != 2)
     return fail(Error::NotSupported, "convolution: input must be 3-d or 4-d, got %d-d",
