@@ -314,3 +314,26 @@ class DSCNN(nn.Module):
 def ds_cnn(**_: Any) -> nn.Module:
     model = DSCNN()
     return _widened(model, model.fc)
+
+
+class RecurrentTagger(nn.Module):
+    """A sequence tagger over 12 features a step: a 2-layer bidirectional GRU or LSTM
+    (batch first), then per-step logits."""
+
+    def __init__(self, cell: type[nn.Module], classes: int = 5) -> None:
+        super().__init__()
+        self.rnn = cell(12, 16, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.rnn(x)[0])
+
+
+def gru_tagger(**_: Any) -> nn.Module:
+    model = RecurrentTagger(nn.GRU)
+    return _widened(model, model.head)
+
+
+def lstm_tagger(**_: Any) -> nn.Module:
+    model = RecurrentTagger(nn.LSTM)
+    return _widened(model, model.head, gain=8.0)

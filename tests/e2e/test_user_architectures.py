@@ -1,4 +1,6 @@
-"""The architectures users bring (tests/models_for_tests.py), built as a user builds them
+"""The architectures users bring (tests/models_for_tests.py: a U-Net, a 1-D convolutional
+audio classifier, an EfficientNet-style network, a DS-CNN, a ViT, GRU and LSTM taggers), built
+as a user builds them
 (``model=custom model._target_=...``): etbuild's runtime and ExecuTorch's runtime both match
 eager, and PTQ leaves no convolution, sigmoid or mul in fp32."""
 
@@ -18,6 +20,8 @@ ARCHITECTURES = {
     "efficientnet_style": [1, 3, 64, 64],
     "ds_cnn": [1, 1, 49, 10],
     "tiny_vit": [1, 3, 16, 16],
+    "gru_tagger": [1, 20, 12],
+    "lstm_tagger": [1, 20, 12],
 }
 # Programs with an op of etbuild's own namespace (the fused attention) run on etbuild's
 # runtime only.
