@@ -298,6 +298,32 @@ class _Lowering:
         ceil = bool(n.args[5]) if len(n.args) > 5 else False
         self.replace(q[0], E.max_pool2d.default, (xq[0], kernel, stride, padding, dilation, ceil))
 
+    def concat(self, n: fx.Node) -> None:
+        """cat of int8 activations to one int8 output: each input whose scale or zero point
+        differs from the output's is requantized by a 256-entry table lookup (exact: the
+        dequantize and quantize torch would run, on every int8 value), then the bytes are
+        concatenated."""
+        out = _quant_user(n)
+        inputs = [_dequant(t) for t in n.args[0]]
+        if out is None or any(i is None for i in inputs):
+            return
+        q, scale, zp = out[0], out[1], out[2]
+        every = torch.arange(-128, 128, dtype=torch.int8)
+        parts = []
+        for dq, (src, s, z) in zip(n.args[0], inputs, strict=True):
+            if (s, z) == (scale, zp):
+                parts.append(src)
+                continue
+            with torch.no_grad():
+                values = dq.target(every, *dq.args[1:], **dq.kwargs)
+                table = q.target(values, *q.args[1:], **q.kwargs)
+            const = self.g.add_const(table.contiguous(), f"{dq.name}_requantize")
+            with self.g.fx_graph.inserting_before(n):
+                lookup = self.g.fx_graph.call_function(E.table_lookup.default, (src, const))
+            lookup.meta = dict(src.meta)
+            parts.append(lookup)
+        self.replace(q, aten.cat.default, (parts, *n.args[1:]))
+
     def shape_op(self, n: fx.Node) -> None:
         """A view/permute/clone between dequantize and an identical quantize runs on int8."""
         xq = _dequant(n.args[0])
@@ -318,6 +344,7 @@ class _Lowering:
             aten.mul.Tensor: self.mul,
             aten.mean.dim: self.mean,
             aten.max_pool2d_with_indices.default: self.max_pool,
+            aten.cat.default: self.concat,
         }
         for node in self.g.call_nodes():
             if getattr(node, "_erased", False):
@@ -434,7 +461,7 @@ def lower_quantized(g: Graph) -> int:
 # The float ops that have an int8 kernel when the quantizer annotates them (see run()).
 _INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
                  aten.add.Tensor, aten.mul.Tensor, aten.mean.dim,
-                 aten.max_pool2d_with_indices.default}  # fmt: skip
+                 aten.max_pool2d_with_indices.default, aten.cat.default}  # fmt: skip
 
 
 def _val_shape(node: fx.Node) -> list[int]:

@@ -182,6 +182,34 @@ def test_conv1d_lowers_to_the_int8_convolution() -> None:
     assert ref.std() > 10 * step
 
 
+class Concat(torch.nn.Module):
+    """A U-Net skip: two branches of different ranges concatenated on channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.Conv2d(8, 6, 1)
+        self.out = torch.nn.Conv2d(10, 8, 1)
+
+    def forward(self, x):
+        return self.out(torch.cat([self.a(x), F.relu(self.b(x))], dim=1))
+
+
+def test_concatenation_of_int8_tensors_requantizes_to_one_scale() -> None:
+    torch.manual_seed(0)
+    model = Concat().eval()
+    x = torch.randn(1, 8, 12, 12)
+    converted, g = quantize(model, x, qconfig())
+    names = targets(g)
+    assert "aten.cat.default" in names and names.count("etb_quantized.conv2d.default") == 3
+    # the inputs' scales differ from the output's: at least one is requantized by a table
+    assert names.count("etb_quantized.table_lookup.default") >= 1, names
+    assert not any(n.startswith("aten.") and n != "aten.cat.default" for n in names), names
+    ours, ref = run_graph(g, x), converted(x)
+    step = output_scale(g)
+    assert (ours - ref).abs().max() <= step * 1.0001
+    assert ref.std() > 10 * step
+
+
 class Linear(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
