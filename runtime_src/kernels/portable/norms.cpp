@@ -44,16 +44,8 @@ Error native_group_norm_out(KernelContext& ctx, const Tensor& input, const Tenso
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * M;
       float* yr = y + r * M;
-      double sum = 0;
-      for (int64_t i = 0; i < M; ++i) sum += xr[i];
-      const double mean = M > 0 ? sum / double(M) : 0.0;
-      double var = 0;
-      for (int64_t i = 0; i < M; ++i) {
-        const double dv = double(xr[i]) - mean;
-        var += dv * dv;
-      }
-      const float rstd = float(1.0 / std::sqrt((M > 0 ? var / double(M) : 0.0) + eps));
-      const float meanf = float(mean);
+      float meanf, rstd;
+      mean_and_rstd(xr, M, eps, &meanf, &rstd);
       const int64_t c0 = (r % group) * cpg;
       for (int64_t c = 0; c < cpg; ++c) {
         // y = x * scale + shift per channel, with the channel's weight and bias folded in.

@@ -172,9 +172,7 @@ Error cumsum_out(KernelContext& ctx, const Tensor& self, int64_t dim, Optional<S
   ETB_TRY(wrap_dim(dim, self.dim(), &d, op));
   ETB_TRY(out.resize(self.sizes()));
   if (self.numel() == 0) return Error::Ok;
-  const int64_t len = self.dim() == 0 ? 1 : self.size(int(d));
-  const int64_t inner = self.dim() == 0 ? 1 : self.stride(int(d));
-  const int64_t outer = self.numel() / (len * inner);
+  const auto [outer, len, inner] = along_dim(self, d);
   constexpr DtypeSet kSelf = selected_dtypes("aten::cumsum.out", "self") & kLoadableDtypes;
   constexpr DtypeSet kOut =
       selected_dtypes("aten::cumsum.out", "out") & dtype_set(ScalarType::Float, ScalarType::Long);

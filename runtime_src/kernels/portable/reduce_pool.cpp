@@ -22,9 +22,7 @@ Error softmax_along(const KernelContext& ctx, const char* op, const Tensor& self
   ETB_TRY(wrap_dim(dim, self.dim(), &d, op));
   ETB_TRY(out.resize(self.sizes()));
   if (self.numel() == 0) return Error::Ok;
-  const int64_t len = self.dim() == 0 ? 1 : self.size(int(d));
-  const int64_t inner = self.dim() == 0 ? 1 : self.stride(int(d));
-  const int64_t outer = self.numel() / (len * inner);
+  const auto [outer, len, inner] = along_dim(self, d);
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
   // Each (outer, inner) pair is one softmax over `len` elements: the threads split them.
@@ -92,15 +90,8 @@ Error native_layer_norm_out(KernelContext& ctx, const Tensor& input,
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * M;
       float* yr = y + r * M;
-      double sum = 0;
-      for (int64_t i = 0; i < M; ++i) sum += xr[i];
-      const float mean = float(sum / double(M));
-      double var = 0;
-      for (int64_t i = 0; i < M; ++i) {
-        const double dv = double(xr[i]) - mean;
-        var += dv * dv;
-      }
-      const float rstd = float(1.0 / std::sqrt(var / double(M) + eps));
+      float mean, rstd;
+      mean_and_rstd(xr, M, eps, &mean, &rstd);
       for (int64_t i = 0; i < M; ++i) {
         float v = (xr[i] - mean) * rstd;
         if (w) v *= w[i];

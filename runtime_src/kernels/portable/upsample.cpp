@@ -20,11 +20,12 @@ int64_t nearest_source(int64_t o, int64_t in, int64_t out, double scale_factor) 
   return i < in - 1 ? i : in - 1;
 }
 
-// The output plane OH x OW: the given sizes, else floor(in * scale factor) in double, as torch
-// computes it; sh, sw are the scale factors (0 when sizes were given).
-Error resampled_size(const char* op, Optional<Span<const int64_t>> output_size,
-                     Optional<Span<const double>> scale_factors, const Tensor& input, int64_t* OH,
-                     int64_t* OW, double* sh, double* sw) {
+// Resizes out to the output plane OH x OW: the given sizes, else floor(in * scale factor) in
+// double, as torch computes it; sh, sw are the scale factors (0 when sizes were given). A
+// non-empty output needs a non-empty input plane.
+Error resampled_output(const char* op, Optional<Span<const int64_t>> output_size,
+                       Optional<Span<const double>> scale_factors, const Tensor& input, Tensor& out,
+                       int64_t* OH, int64_t* OW, double* sh, double* sw) {
   if (input.dim() != 4)
     return fail(Error::InvalidArgument, "%s: input must be 4-d (N, C, H, W), got %d-d", op,
                 input.dim());
@@ -53,6 +54,11 @@ Error resampled_size(const char* op, Optional<Span<const int64_t>> output_size,
   if (*OH <= 0 || *OW <= 0)
     return fail(Error::InvalidArgument, "%s: output size %lld x %lld must be positive", op,
                 (long long)*OH, (long long)*OW);
+  const int64_t osz[4] = {input.size(0), input.size(1), *OH, *OW};
+  ETB_TRY(resize_to(out, osz, 4));
+  if (out.numel() != 0 && (H == 0 || W == 0))
+    return fail(Error::InvalidArgument, "%s: input plane %lld x %lld is empty", op, (long long)H,
+                (long long)W);
   return Error::Ok;
 }
 
@@ -64,14 +70,9 @@ Error upsample_nearest2d_vec_out(KernelContext& ctx, const Tensor& input,
   const char* op = "upsample_nearest2d";
   int64_t OH = 0, OW = 0;
   double sh = 0, sw = 0;
-  ETB_TRY(resampled_size(op, output_size, scale_factors, input, &OH, &OW, &sh, &sw));
-  const int64_t H = input.size(2), W = input.size(3);
-  const int64_t osz[4] = {input.size(0), input.size(1), OH, OW};
-  ETB_TRY(resize_to(out, osz, 4));
+  ETB_TRY(resampled_output(op, output_size, scale_factors, input, out, &OH, &OW, &sh, &sw));
   if (out.numel() == 0) return Error::Ok;
-  if (H == 0 || W == 0)
-    return fail(Error::InvalidArgument, "%s: input plane %lld x %lld is empty", op, (long long)H,
-                (long long)W);
+  const int64_t H = input.size(2), W = input.size(3);
   // The source column of every output column, once.
   Result<void*> mem = ctx.allocate_temp(size_t(OW) * sizeof(int64_t));
   if (!mem.ok()) return mem.error();
@@ -128,14 +129,9 @@ Error upsample_bilinear2d_vec_out(KernelContext& ctx, const Tensor& input,
   const char* op = "upsample_bilinear2d";
   int64_t OH = 0, OW = 0;
   double sh = 0, sw = 0;
-  ETB_TRY(resampled_size(op, output_size, scale_factors, input, &OH, &OW, &sh, &sw));
-  const int64_t H = input.size(2), W = input.size(3);
-  const int64_t osz[4] = {input.size(0), input.size(1), OH, OW};
-  ETB_TRY(resize_to(out, osz, 4));
+  ETB_TRY(resampled_output(op, output_size, scale_factors, input, out, &OH, &OW, &sh, &sw));
   if (out.numel() == 0) return Error::Ok;
-  if (H == 0 || W == 0)
-    return fail(Error::InvalidArgument, "%s: input plane %lld x %lld is empty", op, (long long)H,
-                (long long)W);
+  const int64_t H = input.size(2), W = input.size(3);
   if (out.data() == input.data())
     return fail(Error::NotSupported, "%s: out may not alias input", op);
   // The taps of every output column, once.

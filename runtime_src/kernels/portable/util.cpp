@@ -26,6 +26,19 @@ void log_softmax_with_max(const float* x, float* y, int64_t len, int64_t stride,
   for (int64_t k = 0; k < len; ++k) y[k * stride] = x[k * stride] - shift;
 }
 
+void mean_and_rstd(const float* x, int64_t n, double eps, float* mean, float* rstd) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const double m = n > 0 ? sum / double(n) : 0.0;
+  double var = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double dv = double(x[i]) - m;
+    var += dv * dv;
+  }
+  *mean = float(m);
+  *rstd = float(1.0 / std::sqrt((n > 0 ? var / double(n) : 0.0) + eps));
+}
+
 Error dtype_not_built(const char* op, const char* arg, ScalarType dtype) {
   return fail(Error::NotSupported,
               "%s: argument '%s' has dtype %s, which this runtime was not built with; rebuild "

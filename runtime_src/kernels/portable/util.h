@@ -28,6 +28,19 @@ inline Error wrap_dim(int64_t dim, int64_t ndim, int64_t* out, const char* op) {
   return Error::Ok;
 }
 
+/// A tensor seen along one dim: `outer` runs of `len` steps of `inner` contiguous elements
+/// (softmax, cumsum and other ops that work along a dim).
+struct AlongDim {
+  int64_t outer, len, inner;
+};
+
+/// `self` along the already wrapped dim `d` (a 0-d tensor is one run of one element).
+inline AlongDim along_dim(const Tensor& self, int64_t d) {
+  const int64_t len = self.dim() == 0 ? 1 : self.size(int(d));
+  const int64_t inner = self.dim() == 0 ? 1 : self.stride(int(d));
+  return {len * inner == 0 ? 0 : self.numel() / (len * inner), len, inner};
+}
+
 /// Resizes `out` to `dim` sizes held in `sizes`.
 inline Error resize_to(Tensor& out, const int64_t* sizes, int dim) {
   return out.resize(Span<const int64_t>(sizes, size_t(dim)));
@@ -146,6 +159,10 @@ void softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, flo
 /// The log-softmax of `len` values x[k * stride] whose maximum is `max`, into y[k * stride]:
 /// x - max - log(sum(exp(x - max))). y may be x.
 void log_softmax_with_max(const float* x, float* y, int64_t len, int64_t stride, float max);
+
+/// The mean of x[0..n) and 1 / sqrt(variance + eps), accumulated in double (layer norm,
+/// group norm). n == 0 gives mean 0 and 1 / sqrt(eps).
+void mean_and_rstd(const float* x, int64_t n, double eps, float* mean, float* rstd);
 
 /// Computes the broadcast shape of a and b into sizes/dim; fails when incompatible.
 Error broadcast_shape(const Tensor& a, const Tensor& b, int64_t* sizes, int* dim, const char* op);
