@@ -11,11 +11,6 @@ namespace etb {
 namespace native {
 namespace {
 
-// A tensor as [outer, len, inner] around one dim (or flattened: [1, numel, 1]).
-struct AlongDim {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-
 // The layout of self around `dim` (none: the flattened tensor) and the reduced output's
 // sizes: the dim removed, kept as 1 (keepdim), or every dim kept as 1 (no dim, keepdim).
 Error plan_along(const Tensor& self, Optional<int64_t> dim, bool keepdim, const char* op,
@@ -30,9 +25,7 @@ Error plan_along(const Tensor& self, Optional<int64_t> dim, bool keepdim, const 
     int64_t d = 0;
     ETB_TRY(wrap_dim(dim.value, nd, &d, op));
     if (nd > 0) {
-      a->len = self.size(int(d));
-      a->inner = self.stride(int(d));
-      a->outer = a->len * a->inner == 0 ? 0 : self.numel() / (a->len * a->inner);
+      *a = along_dim(self, d);
       for (int i = 0; i < nd; ++i) {
         if (i != d)
           osz[(*od)++] = self.size(i);
@@ -172,7 +165,8 @@ Error cumsum_out(KernelContext& ctx, const Tensor& self, int64_t dim, Optional<S
   ETB_TRY(wrap_dim(dim, self.dim(), &d, op));
   ETB_TRY(out.resize(self.sizes()));
   if (self.numel() == 0) return Error::Ok;
-  const auto [outer, len, inner] = along_dim(self, d);
+  const AlongDim along = along_dim(self, d);
+  const int64_t outer = along.outer, len = along.len, inner = along.inner;
   constexpr DtypeSet kSelf = selected_dtypes("aten::cumsum.out", "self") & kLoadableDtypes;
   constexpr DtypeSet kOut =
       selected_dtypes("aten::cumsum.out", "out") & dtype_set(ScalarType::Float, ScalarType::Long);

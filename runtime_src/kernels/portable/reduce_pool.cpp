@@ -22,7 +22,8 @@ Error softmax_along(const KernelContext& ctx, const char* op, const Tensor& self
   ETB_TRY(wrap_dim(dim, self.dim(), &d, op));
   ETB_TRY(out.resize(self.sizes()));
   if (self.numel() == 0) return Error::Ok;
-  const auto [outer, len, inner] = along_dim(self, d);
+  const AlongDim along = along_dim(self, d);
+  const int64_t outer = along.outer, len = along.len, inner = along.inner;
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
   // Each (outer, inner) pair is one softmax over `len` elements: the threads split them.

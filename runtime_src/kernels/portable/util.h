@@ -29,9 +29,10 @@ inline Error wrap_dim(int64_t dim, int64_t ndim, int64_t* out, const char* op) {
 }
 
 /// A tensor seen along one dim: `outer` runs of `len` steps of `inner` contiguous elements
-/// (softmax, cumsum and other ops that work along a dim).
+/// (softmax, cumsum and other ops that work along a dim). Copy the fields into locals before
+/// a lambda uses them: C++17 lambdas cannot capture structured bindings.
 struct AlongDim {
-  int64_t outer, len, inner;
+  int64_t outer = 1, len = 1, inner = 1;
 };
 
 /// `self` along the already wrapped dim `d` (a 0-d tensor is one run of one element).
