@@ -198,10 +198,9 @@ class _Lowering:
 
     def reshaped(self, node: fx.Node, shape: list[int], before=None, after=None) -> fx.Node:
         """A view of ``node`` with static ``shape``, inserted before or after a node."""
-        where = self.g.fx_graph.inserting_before(before) if before is not None else (
-            self.g.fx_graph.inserting_after(after))  # fmt: skip
-        with where:
-            view = self.g.fx_graph.call_function(aten.view.default, (node, shape))
+        graph = self.g.fx_graph
+        with graph.inserting_before(before) if before is not None else graph.inserting_after(after):
+            view = graph.call_function(aten.view.default, (node, shape))
         view.meta = dict(node.meta)
         view.meta["val"] = node.meta["val"].reshape(shape)
         return view
