@@ -112,6 +112,12 @@ _TYPES: dict[str, tuple[str, str, str]] = {
         "({v}.is_scalar() || {v}.is_none())",
         "({v}.is_scalar() ? Optional<Scalar>({v}.to_scalar()) : Optional<Scalar>())",
     ),
+    # torch.memory_format as the program stores it: 0 contiguous, 1 preserve, 2 channels last.
+    "MemoryFormat?": (
+        "Optional<int64_t>",
+        "({v}.is_int() || {v}.is_none())",
+        "({v}.is_int() ? Optional<int64_t>({v}.to_int()) : Optional<int64_t>())",
+    ),
     "ScalarType": (
         "ScalarType",
         "({v}.is_int() && is_valid_scalar_type(int({v}.to_int())))",

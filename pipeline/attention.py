@@ -66,12 +66,6 @@ _register()
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
-def keep_sdpa(table: dict) -> dict:
-    """A decomposition table that leaves F.scaled_dot_product_attention whole."""
-    table.pop(SDPA, None)
-    return table
-
-
 def _arg(node: fx.Node, index: int, name: str, default):
     if len(node.args) > index:
         return node.args[index]

@@ -119,7 +119,8 @@ class CalibrationConfig:
 @dataclass
 class KeepFp32Config:
     """What stays in fp32: module-name patterns (fnmatch, e.g. ``features.0.*``) and op types
-    (``conv2d``, ``linear``, ``add``, ``mean``, ``max_pool2d``, ``adaptive_avg_pool2d``)."""
+    (``conv2d``, ``linear``, ``add``, ``mean``, ``max_pool2d``, ``adaptive_avg_pool2d``,
+    ``avg_pool2d``, ``amax``, ...: pipeline/quant/quantizer.py's OP_TYPES)."""
 
     modules: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
@@ -266,6 +267,20 @@ class StageName(Enum):
     report = "report"
 
 
+class AttentionLowering(Enum):
+    """How F.scaled_dot_product_attention reaches the program."""
+
+    fused = "fused"  # one etb::sdpa kernel call: fastest, runs on etbuild's runtime only
+    aten = "aten"  # torch's own decomposition into ATen ops, which ExecuTorch's runtime runs too
+
+
+@dataclass
+class LowerConfig:
+    """The lower stage's choices."""
+
+    attention: AttentionLowering = AttentionLowering.fused
+
+
 @dataclass
 class EmitConfig:
     """Program-file layout."""
@@ -297,6 +312,7 @@ class PipelineConfig:
 
     stop_after: StageName | None = None
     cache: bool = True
+    lower: LowerConfig = field(default_factory=LowerConfig)
     emit: EmitConfig = field(default_factory=EmitConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
 

@@ -75,26 +75,36 @@ def _schema_key(op: torch._ops.OpOverload) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
+# Arguments that describe a new tensor's storage (full_like, _to_copy): an out variant takes
+# them from its out tensor instead.
+TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _inputs_signature(schema: torch._C.FunctionSchema) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type))
+        for a in schema.arguments
+        if not a.is_out and a.name not in TENSOR_OPTIONS
+    ]
+
+
 @functools.cache
 def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The ``.out`` overload of a functional ATen op, or None when ATen has none.
 
-    An out variant has the functional op's arguments, then keyword-only mutable ``out``
-    tensors, one per return.
+    An out variant has the functional op's arguments (less the tensor options), then
+    keyword-only mutable ``out`` tensors, one per return.
     """
     schema = op._schema
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return op  # already an out (or in-place) variant
     packet = op.overloadpacket
-    want = [(a.name, str(a.type)) for a in schema.arguments]
+    want = _inputs_signature(schema)
     for name in packet.overloads():
-        cand = getattr(packet, name)
-        args = cand._schema.arguments
-        outs = [a for a in args if a.is_out]
-        if not outs or len(outs) != len(schema.returns):
-            continue
-        if [(a.name, str(a.type)) for a in args if not a.is_out] == want:
-            return cand
+        cand = getattr(packet, name)._schema
+        outs = [a for a in cand.arguments if a.is_out]
+        if outs and len(outs) == len(schema.returns) and _inputs_signature(cand) == want:
+            return getattr(packet, name)
     return None
 
 

@@ -14,6 +14,7 @@ from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import attention, passes
+from ..config import AttentionLowering
 from ..errors import EtbuildError
 from ..graph import Graph, origin_of, source_of
 from ..ops import kernel_key_for, load_ops, ops_yaml_digest
@@ -124,10 +125,34 @@ def check_ops(g: Graph) -> dict[str, int]:
     return dict(sorted(used.items()))
 
 
-def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, object]]:
-    """Core-ATen decompositions and every graph pass; returns the graph and pass counts."""
-    decompositions = attention.keep_sdpa(torch.export.default_decompositions())
-    g = graph_from_exported(ep.run_decompositions(decompositions))
+# Ops that the runtime runs whole and torch's core-ATen table would decompose (padding into
+# index arithmetic that needs aten::index.Tensor).
+KEPT_WHOLE = (
+    torch.ops.aten.reflection_pad1d.default,
+    torch.ops.aten.reflection_pad2d.default,
+    torch.ops.aten.replication_pad1d.default,
+    torch.ops.aten.replication_pad2d.default,
+)
+
+
+def decompositions(fuse_attention: bool) -> dict:
+    """The core-ATen decomposition table, less the ops the runtime runs whole: with
+    ``fuse_attention``, F.scaled_dot_product_attention stays whole for one etb::sdpa call."""
+    table = torch.export.default_decompositions()
+    for op in (*KEPT_WHOLE, attention.SDPA) if fuse_attention else KEPT_WHOLE:
+        table.pop(op, None)
+    return table
+
+
+def lower_graph(
+    ep: torch.export.ExportedProgram, fuse_attention: bool = True
+) -> tuple[Graph, dict[str, object]]:
+    """Core-ATen decompositions and every graph pass; returns the graph and pass counts.
+
+    ``fuse_attention=False`` keeps torch's decomposition of attention (plain ATen ops, which
+    ExecuTorch's runtime runs too) instead of one etb::sdpa call.
+    """
+    g = graph_from_exported(ep.run_decompositions(decompositions(fuse_attention)))
     before = len(g.call_nodes())
     fused_attention = attention.fuse_attention(g)
     splits = passes.split_into_slices(g)
@@ -157,7 +182,8 @@ def lower_graph(ep: torch.export.ExportedProgram) -> tuple[Graph, dict[str, obje
 
 
 def run(ctx: Context) -> None:
-    g, facts = lower_graph(ctx.artifacts["exported"])
+    fuse = ctx.cfg.pipeline.lower.attention == AttentionLowering.fused
+    g, facts = lower_graph(ctx.artifacts["exported"], fuse_attention=fuse)
     ctx.note_read("ops_yaml", ops_yaml_digest())
     ctx.artifacts["op_counts"] = check_ops(g)
     ctx.artifacts["graph"] = g

@@ -1,5 +1,6 @@
 """Attention: F.scaled_dot_product_attention becomes one etb::sdpa kernel call (lower stage,
-pipeline/attention.py), which must match torch on randomized shapes, masks and scales;
+pipeline/attention.py), or with ``pipeline.lower.attention=aten`` torch's own decomposition;
+either must match torch on randomized shapes, masks and scales;
 nn.MultiheadAttention and a small ViT build and match eager end to end."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from rt_helpers import assert_matches
+from rt_helpers import assert_matches, build_with_pipeline
 from torch import nn
 
 from etbuild.pipeline.attention import sdpa_reference
@@ -75,6 +76,37 @@ def test_sdpa_matches_torch(rt, pipeline_program, seed):
     m = module.m if module.mask is not None else None
     ref = sdpa_reference(*inputs, m, module.is_causal, module.scale or inputs[0].shape[-1] ** -0.5)
     assert_matches(ref, want)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sdpa_lowered_as_aten_ops_matches_torch(rt, tmp_path, seed):
+    """``pipeline.lower.attention=aten``: torch's own decomposition (the boolean plumbing of its
+    safe softmax) runs on the portable kernels, without etb::sdpa."""
+    module, inputs = attention_case(seed)
+    aten = ["pipeline.lower.attention=aten", "model.dynamic_dims=[]"]
+    prog = rt.load(str(build_with_pipeline(module, inputs, tmp_path, overrides=aten)))
+    ran = {name for name, _ in run_profile(prog, inputs)}
+    assert "etb::sdpa.out" not in ran and {"aten::bmm.out", "aten::mm.out"} & ran, ran
+    with torch.no_grad():
+        want = module(*inputs)
+    (got,) = prog.run(inputs)
+    assert_matches(got, want)
+
+
+def test_sdpa_as_aten_ops_gives_zeros_for_rows_with_nothing_to_attend(rt, tmp_path):
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 6, 8, generator=gen) for _ in range(3))
+    mask = torch.rand(2, 6, 6, generator=gen) > 0.5
+    mask[:, :, 0] = True
+    mask[0, 2, :] = False
+    module = Attention(mask, False, None, mask_input=True)
+    aten = ["pipeline.lower.attention=aten", "model.dynamic_dims=[]"]
+    prog = rt.load(str(build_with_pipeline(module, [q, k, v, mask], tmp_path, overrides=aten)))
+    with torch.no_grad():
+        want = module(q, k, v, mask)
+    (got,) = prog.run([q, k, v, mask])
+    assert torch.equal(want[0, 2], torch.zeros(8))
+    assert_matches(got, want)
 
 
 def run_profile(prog, inputs):

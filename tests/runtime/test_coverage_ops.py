@@ -1,7 +1,7 @@
 """Coverage ops that torch.export's core-ATen decomposition produces for common models: group
 norm, log-softmax, variance (torch.var / torch.std), argmax/argmin and max/min along a dim,
-cumsum, comparisons and where, index_select / gather / advanced indexing (what reflect and
-replicate padding lower to) and bilinear upsampling. Each against torch eager on seeded
+cumsum, comparisons and where, index_select / gather, bilinear upsampling, reflect and
+replicate padding, casts, full_like, any and logical_not. Each against torch eager on seeded
 randomized shapes (size-1 dims, odd sizes), several ops per program to keep builds few, and
 small models that use the torch-level calls built end to end through the pipeline."""
 
@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from rt_helpers import assert_matches
+from rt_helpers import assert_matches, build_with_pipeline
 from torch import nn
 
 
@@ -245,6 +245,108 @@ def test_bilinear_upsample(rt, pipeline_program, seed):
     x = torch.randn(shape, generator=gen)
     ran = ["aten::upsample_bilinear2d.vec_out", "aten::upsample_nearest2d.vec_out"]
     _check(rt, pipeline_program, M(), [x], profile=ran)
+
+
+# ---- reflect and replicate padding -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_reflect_and_replicate_padding(rt, pipeline_program, seed):
+    rng = random.Random(60 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    h, w = rng.randint(2, 7), rng.randint(2, 9)
+    # reflect needs each pad smaller than its dim; replicate takes any size
+    p1 = (rng.randint(0, w - 1), rng.randint(0, w - 1))
+    p2 = (*p1, rng.randint(0, h - 1), rng.randint(0, h - 1))
+    r2 = (rng.randint(0, 9), rng.randint(0, 3), rng.randint(0, 9), rng.randint(0, 3))
+
+    class M(nn.Module):
+        def forward(self, x, seq):
+            return (
+                F.pad(x, p2, mode="reflect"),
+                F.pad(x, r2, mode="replicate"),
+                F.pad(seq, p1, mode="reflect"),
+                F.pad(seq, r2[:2], mode="replicate"),
+                F.pad(x[0], p2, mode="reflect"),  # a 3-d input: one image without a batch
+                F.pad(x.long(), r2, mode="replicate"),
+            )
+
+    x = torch.randn(rng.choice([1, 2]), rng.choice([1, 3]), h, w, generator=gen)
+    seq = torch.randn(rng.choice([1, 2]), rng.choice([1, 4]), w, generator=gen)
+    ran = [
+        "aten::reflection_pad2d.out",
+        "aten::replication_pad2d.out",
+        "aten::reflection_pad1d.out",
+        "aten::replication_pad1d.out",
+    ]
+    _check(rt, pipeline_program, M(), [x, seq], profile=ran)
+
+
+def test_reflect_padding_as_wide_as_the_input_is_an_error(rt, tmp_path):
+    """A sequence of dynamic length shorter than the export's bound allows: the kernel refuses
+    what torch refuses."""
+
+    class M(nn.Module):
+        def forward(self, x):
+            return F.pad(x, (2, 1), mode="reflect")
+
+    dims = "model.dynamic_dims=[{name:len,input:features,dim:2,min:3,max:16}]"
+    pte = build_with_pipeline(M(), [torch.randn(1, 2, 5)], tmp_path, overrides=[dims])
+    prog = rt.load(str(pte))
+    assert_matches(
+        prog.run([torch.arange(9.0).view(1, 1, 9)])[0],
+        F.pad(torch.arange(9.0).view(1, 1, 9), (2, 1), mode="reflect"),
+    )
+    with pytest.raises(RuntimeError, match=r"padding \(2, 1\) of dim 2 must be smaller than"):
+        prog.run([torch.randn(1, 2, 2)])
+
+
+# ---- casts, fills, any, logical_not and mul by a number ------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_casts_fills_any_and_logical_not(rt, pipeline_program, seed):
+    rng = random.Random(70 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = _shape(rng, 1, 3)
+    nd = len(shape)
+    dim = rng.randrange(-nd, nd)
+    dims = sorted(rng.sample(range(nd), rng.randint(1, nd)))
+    number = [2.5, -3, 0.125][seed % 3]
+
+    class M(nn.Module):
+        def forward(self, x, n):
+            big = x * 40
+            return (
+                big.long(),  # truncates toward zero
+                big.int().float() + n.float(),
+                (x > 0).to(torch.int32) + n,
+                n.to(torch.int8),
+                (x > 0.5).float(),
+                torch.full_like(x, number),
+                torch.full_like(n, 7),
+                torch.logical_not(torch.zeros_like(x, dtype=torch.bool)),
+                torch.logical_not(x > 0),
+                torch.logical_not(n),
+                (x > 0.5).any(dim=dim),
+                torch.any(x > 1.0, dim=dims, keepdim=bool(seed % 2)),
+                torch.any(n == 3),
+                torch.ops.aten.mul.Scalar(x, number),
+                torch.ops.aten.mul.Scalar(n, 3),
+            )
+
+    x = torch.randn(shape, generator=gen) * 2
+    n = torch.randint(-300, 300, shape, generator=gen)
+    n.view(-1)[0] = 0
+    ran = [
+        "aten::_to_copy.out",
+        "aten::full_like.out",
+        "aten::logical_not.out",
+        "aten::any.out",
+        "aten::any.dims_out",
+        "aten::mul.Scalar_out",
+    ]
+    _check(rt, pipeline_program, M(), [x, n], profile=ran)
 
 
 # ---- small models that use the torch-level calls, end to end -------------------------------

@@ -386,5 +386,62 @@ Error pow_tensor_scalar_out(KernelContext& ctx, const Tensor& self, const Scalar
   return unary_float(ctx, "pow", self, out, [ef](float v) { return std::pow(v, ef); });
 }
 
+Error mul_scalar_out(KernelContext& ctx, const Tensor& self, const Scalar& other, Tensor& out) {
+  constexpr const char* key = "aten::mul.Scalar_out";
+  constexpr DtypeSet kSelf = selected_dtypes(key, "self") & kLoadableDtypes;
+  constexpr DtypeSet kOut = selected_dtypes(key, "out") & kLoadableDtypes;
+  if (!other.is_int() && !other.is_double() && !other.is_bool())
+    return fail(Error::InvalidArgument, "mul: other must be a number");
+  const ScalarType st = self.dtype(), ot = out.dtype();
+  if (!dtype_in(kSelf, st)) return dtype_not_built(key, "self", st);
+  if (!dtype_in(kOut, ot)) return dtype_not_built(key, "out", ot);
+  if (!is_floating(ot) && (is_floating(st) || other.is_double()))
+    return fail(Error::InvalidArgument, "mul: result type Float can't be cast to the output %s",
+                scalar_type_name(ot));
+  ETB_TRY(out.resize(self.sizes()));
+  const void* x = self.data();
+  void* o = out.data();
+  if (is_floating(ot)) {
+    // As torch: the number is cast to the float type, the product computed in it.
+    const float s = float(other.to_double());
+    if (st == ScalarType::Float && ot == ScalarType::Float) {
+      const float* xf = self.data_as<float>();
+      float* of = out.data_as<float>();
+      parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) of[i] = xf[i] * s;
+      });
+      return Error::Ok;
+    }
+    parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        store_as<float, kOut>(o, ot, i, load_as<float, kSelf>(x, st, i) * s);
+    });
+    return Error::Ok;
+  }
+  const int64_t s = other.to_int();
+  parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      store_as<int64_t, kOut>(o, ot, i,
+                              apply<int64_t>(BinOp::Mul, load_as<int64_t, kSelf>(x, st, i), s, 0));
+  });
+  return Error::Ok;
+}
+
+Error logical_not_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  constexpr const char* key = "aten::logical_not.out";
+  constexpr DtypeSet kSelf = selected_dtypes(key, "self") & kLoadableDtypes;
+  ETB_TRY(expect_dtype(out, ScalarType::Bool, "logical_not", "out"));
+  if (!dtype_in(kSelf, self.dtype())) return dtype_not_built(key, "self", self.dtype());
+  ETB_TRY(out.resize(self.sizes()));
+  const void* x = self.data();
+  const ScalarType st = self.dtype();
+  uint8_t* o = static_cast<uint8_t*>(out.data());
+  // NaN is true, as in torch: only zeros become true.
+  parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) o[i] = load_as<double, kSelf>(x, st, i) == 0.0;
+  });
+  return Error::Ok;
+}
+
 }  // namespace native
 }  // namespace etb

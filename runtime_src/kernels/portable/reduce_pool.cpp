@@ -147,6 +147,37 @@ Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim,
   return Error::Ok;
 }
 
+// Where a reduction's groups lie in the input: output element o's group starts at base(o)
+// and its j-th element is at base(o) + step(j).
+class GroupOffsets {
+ public:
+  GroupOffsets(const Tensor& self, const Reduction& r) : self_(self), innermost_(r.innermost) {
+    for (int i = 0; i < self.dim(); ++i) {
+      if (r.reduce[i])
+        red_[nr_++] = i;
+      else
+        kept_[nk_++] = i;
+    }
+  }
+  int64_t base(int64_t o) const { return offset(kept_, nk_, o); }
+  int64_t step(int64_t j) const { return innermost_ ? j : offset(red_, nr_, j); }
+
+ private:
+  // The input offset of the index-th combination of the dims ds (outermost first).
+  int64_t offset(const int* ds, int n, int64_t index) const {
+    int64_t off = 0;
+    for (int k = n - 1; k >= 0; --k) {
+      off += (index % self_.size(ds[k])) * self_.stride(ds[k]);
+      index /= self_.size(ds[k]);
+    }
+    return off;
+  }
+
+  const Tensor& self_;
+  bool innermost_;
+  int kept_[kMaxDim], red_[kMaxDim], nk_ = 0, nr_ = 0;
+};
+
 // amax / amin: the largest (smallest) element of each reduced group; NaN wins, as in torch.
 template <bool kMax>
 Error extremum(const KernelContext& ctx, const char* op, const Tensor& self,
@@ -158,30 +189,13 @@ Error extremum(const KernelContext& ctx, const char* op, const Tensor& self,
   ETB_TRY(resize_to(out, r.osz, r.od));
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
-  // The kept and the reduced dims, outermost first: output element o starts at the input
-  // offset of its kept index, and its group is every reduced index added to that.
-  const int nd = self.dim();
-  int kept[kMaxDim], red[kMaxDim], nk = 0, nr = 0;
-  for (int i = 0; i < nd; ++i) {
-    if (r.reduce[i])
-      red[nr++] = i;
-    else
-      kept[nk++] = i;
-  }
-  auto offset = [&](const int* ds, int n, int64_t index) {
-    int64_t off = 0;
-    for (int k = n - 1; k >= 0; --k) {
-      off += (index % self.size(ds[k])) * self.stride(ds[k]);
-      index /= self.size(ds[k]);
-    }
-    return off;
-  };
+  const GroupOffsets groups(self, r);
   parallel_range(ctx, out.numel(), r.count, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
-      const int64_t base = offset(kept, nk, o);
+      const int64_t base = groups.base(o);
       float best = x[base];
       for (int64_t j = 1; j < r.count; ++j) {
-        const float v = x[base + (r.innermost ? j : offset(red, nr, j))];
+        const float v = x[base + groups.step(j)];
         // v replaces best when it is NaN or beyond best, unless best is already NaN.
         if (best == best && (kMax ? !(v <= best) : !(v >= best))) best = v;
       }
@@ -191,7 +205,50 @@ Error extremum(const KernelContext& ctx, const char* op, const Tensor& self,
   return Error::Ok;
 }
 
+// any: true where some element of the group is not zero (NaN counts as true, as in torch).
+Error any_over(const KernelContext& ctx, const Tensor& self, Span<const int64_t> dims, bool keepdim,
+               const char* key, Tensor& out) {
+  constexpr DtypeSet kSelf =
+      (selected_dtypes("aten::any.out", "self") | selected_dtypes("aten::any.dims_out", "self") |
+       selected_dtypes("aten::any.all_out", "self")) &
+      kLoadableDtypes;
+  ETB_TRY(expect_dtype(out, ScalarType::Bool, "any", "out"));
+  if (!dtype_in(kSelf, self.dtype())) return dtype_not_built(key, "self", self.dtype());
+  Reduction r;
+  ETB_TRY(plan_reduction(self, dims, keepdim, "any", &r));
+  ETB_TRY(resize_to(out, r.osz, r.od));
+  const void* x = self.data();
+  const ScalarType st = self.dtype();
+  uint8_t* y = static_cast<uint8_t*>(out.data());
+  const GroupOffsets groups(self, r);
+  parallel_range(ctx, out.numel(), r.count, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int64_t base = groups.base(o);
+      bool found = false;
+      for (int64_t j = 0; j < r.count && !found; ++j)
+        found = load_as<double, kSelf>(x, st, base + groups.step(j)) != 0.0;
+      y[o] = found;
+    }
+  });
+  return Error::Ok;
+}
+
 }  // namespace
+
+Error any_out(KernelContext& ctx, const Tensor& self, int64_t dim, bool keepdim, Tensor& out) {
+  return any_over(ctx, self, Span<const int64_t>(&dim, 1), keepdim, "aten::any.out", out);
+}
+
+Error any_dims_out(KernelContext& ctx, const Tensor& self, Optional<Span<const int64_t>> dim,
+                   bool keepdim, Tensor& out) {
+  // No dims (None or []) reduces every dim.
+  return any_over(ctx, self, dim.has_value ? dim.value : Span<const int64_t>(), keepdim,
+                  "aten::any.dims_out", out);
+}
+
+Error any_all_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  return any_over(ctx, self, Span<const int64_t>(), false, "aten::any.all_out", out);
+}
 
 Error amax_out(KernelContext& ctx, const Tensor& self, Span<const int64_t> dim, bool keepdim,
                Tensor& out) {
