@@ -243,6 +243,35 @@ def audio_cnn(**_: Any) -> nn.Module:
     return _widened(model, model.fc)
 
 
+class PooledCNN(nn.Module):
+    """A keyword-spotting CNN over a 40-band x 49-frame spectrogram: average pooling between
+    convolutions (padded, ceil_mode, count_include_pad=False; then a plain 2x2 and a 1-d
+    pooling over time), a mean over frequency and a max over time."""
+
+    def __init__(self, classes: int = 8) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_act(1, 16),
+            nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+            _conv_bn_act(16, 32),
+            nn.AvgPool2d(2),
+        )
+        self.temporal = nn.Sequential(
+            nn.Conv1d(32, 32, 3, padding=1), nn.BatchNorm1d(32), nn.ReLU()
+        )
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        frames = self.temporal(self.features(x).mean(2))  # [N, 32, T]
+        frames = nn.functional.avg_pool1d(frames, 3, stride=1, padding=1)
+        return self.fc(frames.amax(dim=-1))
+
+
+def pooled_cnn(**_: Any) -> nn.Module:
+    model = PooledCNN()
+    return _widened(model, model.fc)
+
+
 class SqueezeExcite(nn.Module):
     def __init__(self, channels: int, reduced: int) -> None:
         super().__init__()

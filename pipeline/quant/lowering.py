@@ -5,9 +5,9 @@ After PT2E convert and core-ATen decomposition a quantized layer reads
     dequantize(x_q) -> convolution(., dequantize(w_q)) [-> relu | hardtanh] -> quantize
 
 This pass replaces each such pattern with one int8 kernel (convolution, linear, add, mean,
-max pooling, shape ops), folds ReLU/ReLU6 into the output clamp, and turns the
-quantize/dequantize that remain into ``etb_quantized`` kernels. It runs before batch-norm
-and constant folding, which must not fold int8 weights back to fp32.
+max and average pooling, max over dims, shape ops), folds ReLU/ReLU6 into the output clamp,
+and turns the quantize/dequantize that remain into ``etb_quantized`` kernels. It runs before
+batch-norm and constant folding, which must not fold int8 weights back to fp32.
 """
 
 from __future__ import annotations
@@ -75,6 +75,29 @@ def _quant_user(node: fx.Node) -> tuple[fx.Node, float, int, int, int] | None:
     if q is None or q.args[5] != torch.int8:
         return None
     return q, float(q.args[1]), int(q.args[2]), int(q.args[3]), int(q.args[4])
+
+
+def _args(n: fx.Node) -> dict[str, object]:
+    """``n``'s arguments by name, defaults filled in from its schema."""
+    out = {}
+    for i, a in enumerate(n.target._schema.arguments):
+        if i < len(n.args):
+            out[a.name] = n.args[i]
+        elif a.name in n.kwargs:
+            out[a.name] = n.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _int_list(v: object) -> list[int]:
+    """An int[] argument (a single int is a one-item list) as a list of ints."""
+    return [int(i) for i in v] if isinstance(v, (list, tuple)) else [int(v)]
+
+
+# Why an avg_pool2d / amax the quantizer annotated stays fp32 (read by fp32_fallbacks).
+REFUSED = "etb_int8_refused"
+_MAX_AVG_TAPS = 1 << 23  # the int8 kernel's int32 sums hold 255 x this many taps
 
 
 def _through_views(node: object) -> tuple[fx.Node, list[fx.Node]]:
@@ -297,6 +320,77 @@ class _Lowering:
         ceil = bool(n.args[5]) if len(n.args) > 5 else False
         self.replace(q[0], E.max_pool2d.default, (xq[0], kernel, stride, padding, dilation, ceil))
 
+    def avg_pool(self, n: fx.Node) -> None:
+        """dequantize -> avg_pool2d -> quantize, and avg_pool1d's decomposition
+        dequantize -> unsqueeze -> avg_pool2d -> squeeze -> quantize."""
+        x, views = n.args[0], []
+        if _is(x, aten.unsqueeze.default) and len(x.users) == 1:
+            x, views = x.args[0], [x]
+        xq = _dequant(x)
+        after = _sole_user(n, aten.squeeze.dims, aten.squeeze.dim) if views else None
+        q = _quant_user(after or n)
+        if xq is None or q is None or (views and after is None):
+            return
+        a = _args(n)
+        kernel, stride, padding = (_int_list(a[k]) for k in ("kernel_size", "stride", "padding"))
+        taps = kernel[0] * kernel[-1]
+        if taps > _MAX_AVG_TAPS:
+            n.meta[REFUSED] = f"windows of more than {_MAX_AVG_TAPS} taps ({taps} here)"
+            return
+        src = self.with_views(xq[0], views)
+        args = (src, xq[1], xq[2], kernel, stride, padding, bool(a["ceil_mode"]),
+                bool(a["count_include_pad"]), a["divisor_override"], q[1], q[2])  # fmt: skip
+        new = self.replace(q[0], E.avg_pool2d.default, args)
+        if after is not None:
+            new.meta["val"] = n.meta["val"].to(torch.int8)
+            back = self.graph_call(after.target, (new, *after.args[1:]), after=new, like=after)
+            new.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+
+    def amax(self, n: fx.Node) -> None:
+        """dequantize -> amax (or max.dim's values) -> quantize: the largest int8 code, then,
+        when the output's quantization differs from the input's, a table that requantizes
+        (both steps are monotonic, so this is the fp32 op exactly)."""
+        xq = _dequant(n.args[0])
+        out = n
+        if n.target == aten.max.dim:
+            items = [u for u in n.users if _is(u, operator.getitem)]
+            if len(items) != len(n.users) or any(u.args[1] != 0 and u.users for u in items):
+                n.meta[REFUSED] = "max's indices (it gives the values only)"
+                return
+            values = [u for u in items if u.args[1] == 0]
+            if len(values) != 1:
+                return
+            out = values[0]
+        q = _quant_user(out)
+        if xq is None or q is None:
+            return
+        a = _args(n)
+        dims = _int_list(a["dim"])
+        new = self.replace(q[0], E.amax.default, (xq[0], dims, bool(a["keepdim"])))
+        if (q[1], q[2]) != (xq[1], xq[2]):
+            table = self.requantize_table(n.args[0], q[0])
+            const = self.g.add_const(table, f"{q[0].name}_requantize")
+            back = self.graph_call(E.table_lookup.default, (new, const), after=new, like=new)
+            new.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+
+    def graph_call(self, target, args: tuple, after: fx.Node, like: fx.Node) -> fx.Node:
+        """``target(*args)`` inserted after ``after``, with ``like``'s metadata as int8."""
+        with self.g.fx_graph.inserting_after(after):
+            node = self.g.fx_graph.call_function(target, args)
+        node.meta = dict(like.meta)
+        val = like.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            node.meta["val"] = val.to(torch.int8)
+        return node
+
+    @staticmethod
+    def requantize_table(dq: fx.Node, q: fx.Node) -> torch.Tensor:
+        """quantize(dequantize(v)) for every int8 v: what torch computes, as a 256-entry table."""
+        every = torch.arange(-128, 128, dtype=torch.int8)
+        with torch.no_grad():
+            values = dq.target(every, *dq.args[1:], **dq.kwargs)
+            return q.target(values, *q.args[1:], **q.kwargs).contiguous()
+
     def concat(self, n: fx.Node) -> None:
         """cat of int8 activations to one int8 output: each input whose scale or zero point
         differs from the output's is requantized by a 256-entry table lookup (exact: the
@@ -307,16 +401,12 @@ class _Lowering:
         if out is None or any(i is None for i in inputs):
             return
         q, scale, zp = out[0], out[1], out[2]
-        every = torch.arange(-128, 128, dtype=torch.int8)
         parts = []
         for dq, (src, s, z) in zip(n.args[0], inputs, strict=True):
             if (s, z) == (scale, zp):
                 parts.append(src)
                 continue
-            with torch.no_grad():
-                values = dq.target(every, *dq.args[1:], **dq.kwargs)
-                table = q.target(values, *q.args[1:], **q.kwargs)
-            const = self.g.add_const(table.contiguous(), f"{dq.name}_requantize")
+            const = self.g.add_const(self.requantize_table(dq, q), f"{dq.name}_requantize")
             with self.g.fx_graph.inserting_before(n):
                 lookup = self.g.fx_graph.call_function(E.table_lookup.default, (src, const))
             lookup.meta = dict(src.meta)
@@ -343,6 +433,9 @@ class _Lowering:
             aten.mul.Tensor: self.mul,
             aten.mean.dim: self.mean,
             aten.max_pool2d_with_indices.default: self.max_pool,
+            aten.avg_pool2d.default: self.avg_pool,
+            aten.amax.default: self.amax,
+            aten.max.dim: self.amax,
             aten.cat.default: self.concat,
         }
         for node in self.g.call_nodes():
@@ -460,7 +553,8 @@ def lower_quantized(g: Graph) -> int:
 # The float ops that have an int8 kernel when the quantizer annotates them (see run()).
 _INT8_LOWERED = {aten.convolution.default, aten.addmm.default, aten.mm.default,
                  aten.add.Tensor, aten.mul.Tensor, aten.mean.dim,
-                 aten.max_pool2d_with_indices.default, aten.cat.default}  # fmt: skip
+                 aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+                 aten.amax.default, aten.max.dim, aten.cat.default}  # fmt: skip
 
 
 def _val_shape(node: fx.Node) -> list[int]:
@@ -504,19 +598,20 @@ def fp32_fallbacks(g: Graph, kernel_key) -> list[dict]:
         if _moves_no_data(node):
             continue
         key = kernel_key(node) or str(node.target)
+        if REFUSED in node.meta:
+            reason = f"the int8 kernel does not take {node.meta[REFUSED]}"
+        elif node.target in _INT8_LOWERED:
+            reason = (
+                "not quantized by the quantizer (quant.keep_fp32, or a pattern it does not "
+                "annotate)"
+            )
+        else:
+            reason = "etbuild has no int8 kernel for it"
         entry = found.setdefault(
-            key,
-            {
-                "op": key,
-                "calls": 0,
-                "reason": "not quantized by the quantizer (quant.keep_fp32, or a pattern it "
-                "does not annotate)"
-                if node.target in _INT8_LOWERED
-                else "etbuild has no int8 kernel for it",
-                "conversions": 0,
-                "at": [],
-            },
+            key, {"op": key, "calls": 0, "reason": reason, "conversions": 0, "at": []}
         )
+        if reason not in entry["reason"].split("; "):
+            entry["reason"] += f"; {reason}"
         entry["calls"] += 1
         entry["conversions"] += sum(1 for i in node.all_input_nodes if _past_views(i).target == dq)
         entry["conversions"] += sum(1 for u in _users_past_views(node) if u.target == q)

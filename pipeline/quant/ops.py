@@ -17,6 +17,13 @@ Arithmetic shared by all of them (float32 throughout, rounding half to even):
     agree with it except where float rounding lands on a tie;
   - add (mul) dequantizes both inputs in float32, adds (multiplies) and quantizes; mean
     sums (x - x_zp) exactly in int32, scales by float32(x_scale) / count and quantizes;
+  - avg_pool2d does what mean does per window: the sum of (x - x_zp) over the window's taps
+    inside the input (padding is a real 0) exactly in int32, then
+        q = clamp(round(float32(acc) * float32(x_scale) / float32(divisor) * inv_out) + out_zp)
+    with torch's divisor: divisor_override, else the window's size clipped to the padded
+    input (count_include_pad) or its taps inside the input (not count_include_pad);
+  - max_pool2d and amax (max over dims) take the largest int8 code: dequantizing is
+    monotonic, so with the output quantized like the input this is the fp32 op exactly;
   - table_lookup maps each int8 value through a 256-entry table: the lowering computes the
     table of a chain of elementwise fp32 ops (sigmoid, hardswish, SiLU, GELU, ...) between a
     dequantize and a quantize by running the chain on all 256 values.
@@ -49,6 +56,10 @@ SCHEMAS: dict[str, str] = {
     "float output_scale, int output_zero_point",
     "max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, "
     "int[] dilation, bool ceil_mode",
+    "avg_pool2d": "Tensor input, float input_scale, int input_zero_point, int[] kernel_size, "
+    "int[] stride, int[] padding, bool ceil_mode, bool count_include_pad, "
+    "int? divisor_override, float output_scale, int output_zero_point",
+    "amax": "Tensor input, int[] dim, bool keepdim",
     "mul": "Tensor self, float self_scale, int self_zero_point, Tensor other, "
     "float other_scale, int other_zero_point, float output_scale, int output_zero_point, "
     "int output_min, int output_max",
@@ -136,6 +147,53 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return y.to(torch.int8)
 
 
+def _pair(v) -> tuple[int, int]:
+    v = [int(i) for i in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def _pooled_size(size: int, k: int, stride: int, pad: int, ceil_mode: bool) -> int:
+    """Output length of a pooling along one axis (torch's pooling_output_shape)."""
+    out = (size + 2 * pad - k + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _window_counts(size, k, stride, pad, ceil_mode, count_include_pad) -> list[int]:
+    """Per output index along one axis: the taps avg_pool2d divides by (without override)."""
+    counts = []
+    for o in range(_pooled_size(size, k, stride, pad, ceil_mode)):
+        start = o * stride - pad
+        end = min(start + k, size + pad)  # the window, clipped to the padded input
+        counts.append(end - start if count_include_pad else min(end, size) - max(start, 0))
+    return counts
+
+
+def avg_pool2d(x, xs, xzp, kernel_size, stride, padding, ceil_mode, count_include_pad,
+               divisor_override, os_, ozp):  # fmt: skip
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride) if len(stride) else (kh, kw)
+    ph, pw = _pair(padding) if len(padding) else (0, 0)
+    # float64 holds the sums exactly: a divisor of 1 gives the int32 accumulators.
+    acc = F.avg_pool2d(x.to(torch.float64) - xzp, (kh, kw), (sh, sw), (ph, pw), ceil_mode,
+                       True, 1).to(torch.int32)  # fmt: skip
+    if divisor_override is not None:
+        div = torch.tensor(float(divisor_override), dtype=torch.float32)
+    else:
+        rows = _window_counts(x.shape[-2], kh, sh, ph, ceil_mode, count_include_pad)
+        cols = _window_counts(x.shape[-1], kw, sw, pw, ceil_mode, count_include_pad)
+        div = (torch.tensor(rows)[:, None] * torch.tensor(cols)[None, :]).to(torch.float32)
+    y = acc.to(torch.float32) * _f32(xs) / div
+    y = torch.where(div == 0, torch.zeros((), dtype=torch.float32), y)  # no taps: 0, as torch
+    return (torch.round(y * _inv(os_)) + ozp).clamp(-128, 127).to(torch.int8)
+
+
+def amax(x, dim, keepdim):
+    """The largest int8 code over ``dim`` (every dim when empty)."""
+    return torch.amax(x, dim=list(dim), keepdim=keepdim)
+
+
 def table_lookup(x, table):
     """Any function of one int8 value: out = table[x + 128] (a 256-entry int8 table)."""
     return table[x.to(torch.int64) + 128]
@@ -151,6 +209,8 @@ REFERENCE = {
     "mul": mul,
     "mean": mean,
     "max_pool2d": max_pool2d,
+    "avg_pool2d": avg_pool2d,
+    "amax": amax,
     "table_lookup": table_lookup,
 }
 
@@ -176,6 +236,18 @@ def _fake_max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return x.new_empty(shape, dtype=torch.int8)
 
 
+def _fake_avg_pool2d(x, xs, xzp, kernel_size, stride, padding, ceil_mode, *_):
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride) if len(stride) else (kh, kw)
+    ph, pw = _pair(padding) if len(padding) else (0, 0)
+    shape = F.avg_pool2d(_meta(x), (kh, kw), (sh, sw), (ph, pw), ceil_mode).shape
+    return x.new_empty(shape, dtype=torch.int8)
+
+
+def _fake_amax(x, dim, keepdim):
+    return x.new_empty(_meta(x).amax(dim=list(dim), keepdim=keepdim).shape, dtype=torch.int8)
+
+
 FAKE = {
     "quantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.int8),
     "dequantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.float32),
@@ -190,6 +262,8 @@ FAKE = {
     ),
     "mean": _fake_mean,
     "max_pool2d": _fake_max_pool2d,
+    "avg_pool2d": _fake_avg_pool2d,
+    "amax": _fake_amax,
     "table_lookup": lambda x, table: torch.empty_like(x, dtype=torch.int8),
 }
 

@@ -9,9 +9,10 @@ ATen graph, after prepare_pt2e has folded batch norm into convolutions):
   mul (of two tensors)                     int8 inputs and output
   sigmoid, hardsigmoid, hardswish, SiLU, GELU, tanh
                                            int8 input and output (one table lookup each)
-  mean / adaptive_avg_pool2d               int8 input and output
-  max_pool2d, and shape ops (view, flatten, reshape, permute, dropout, clone)
-                                           output shares its input's quantization
+  mean / adaptive_avg_pool2d / avg_pool2d / avg_pool1d
+                                           int8 input and output
+  max_pool2d, amax, max over a dim (values), and shape ops (view, flatten, reshape,
+  permute, dropout, clone)                 output shares its input's quantization
 
 Biases stay fp32 here; the lowering quantizes them to int32 at input_scale x weight_scale.
 """
@@ -62,9 +63,13 @@ ACTIVATION_OPS = {
 _ACTIVATION_TARGETS = set().union(*ACTIVATION_OPS.values())
 RELU_OPS = {aten.relu.default, aten.relu_.default, aten.relu6.default, aten.hardtanh.default,
             aten.hardtanh_.default}  # fmt: skip
-POOL_OPS = {aten.mean.dim, aten.adaptive_avg_pool2d.default}
+AVG_POOL_OPS = {aten.avg_pool2d.default, aten.avg_pool1d.default}
+POOL_OPS = {aten.mean.dim, aten.adaptive_avg_pool2d.default, *AVG_POOL_OPS}
+# max over dims: amax, and max.dim whose values (not indices) are used.
+AMAX_OPS = {aten.amax.default, aten.max.dim}
 SHARED_OPS = {
     aten.max_pool2d.default,
+    *AMAX_OPS,
     aten.view.default,
     aten.reshape.default,
     aten.flatten.using_ints,
@@ -81,6 +86,8 @@ OP_TYPES = {
     "mean": {aten.mean.dim},
     "adaptive_avg_pool2d": {aten.adaptive_avg_pool2d.default},
     "max_pool2d": {aten.max_pool2d.default},
+    "avg_pool2d": AVG_POOL_OPS,
+    "amax": AMAX_OPS,
 }
 
 ANNOTATION = "quantization_annotation"
@@ -247,12 +254,16 @@ class EtbQuantizer(Quantizer):
         self._mark(node, {node.args[0]: self.act}, self.act)
 
     def _annotate_shared(self, model: fx.GraphModule) -> None:
-        """Shape ops and max pooling keep their input's quantization (only when it has one)."""
+        """Shape ops, max pooling and max over dims keep their input's quantization (only when
+        it has one)."""
         for node in model.graph.nodes:
             if node.op != "call_function" or node.target not in SHARED_OPS:
                 continue
             src = node.args[0]
             if self._annotated(node) or self._kept_fp32(node) or not self._quantized_output(src):
+                continue
+            if node.target == aten.max.dim:
+                self._annotate_max_values(node, src)
                 continue
             # The input edge shares the producer's output qparams; the output shares the edge's.
             self._mark(
@@ -261,10 +272,21 @@ class EtbQuantizer(Quantizer):
                 SharedQuantizationSpec((src, node)),
             )
 
+    def _annotate_max_values(self, node: fx.Node, src: fx.Node) -> None:
+        """max over a dim whose indices nothing reads: its values share the input's
+        quantization (max is monotonic, so it is the max of the int8 codes)."""
+        items = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if set(items) - {0, 1} or len(items) != len(node.users) or 0 not in items:
+            return
+        if 1 in items and items[1].users:
+            return  # the indices are used: no int8 kernel gives them
+        self._mark(node, {src: SharedQuantizationSpec(src)}, None)
+        self._mark(items[0], {}, SharedQuantizationSpec((src, node)))
+
     def _quantized_output(self, node: object) -> bool:
         if not isinstance(node, fx.Node):
             return False
-        if node.target is operator.getitem:
+        if node.target is operator.getitem and ANNOTATION not in node.meta:
             node = node.args[0]
         ann = node.meta.get(ANNOTATION)
         return ann is not None and ann.output_qspec is not None

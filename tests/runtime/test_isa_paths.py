@@ -296,8 +296,19 @@ def _int8_cases(rng: random.Random) -> list[tuple[Case, list[torch.Tensor]]]:
     """int8 layers on inputs that give every vector path a body and a tail: convolutions of
     each path (im2col + GEMM with a last column panel of 1 to 16 columns, pointwise, grouped,
     stride 2, depthwise direct), linear layers (one row: the dot-product path), max pools on
-    rows wider than a vector, add, and the fp32 boundaries."""
-    from test_quantized import Op, Q, conv_case, conv_module, depthwise_case, i8, weight_scales
+    rows wider than a vector, average pools (column sums of rows wider than a vector), max
+    over dims (runs and rows longer than a vector), add, and the fp32 boundaries."""
+    from test_quantized import (
+        Op,
+        Q,
+        avg_pool_case,
+        avg_pool_module,
+        conv_case,
+        conv_module,
+        depthwise_case,
+        i8,
+        weight_scales,
+    )
 
     gen = torch.Generator().manual_seed(SEED)
     cases = []
@@ -335,6 +346,14 @@ def _int8_cases(rng: random.Random) -> list[tuple[Case, list[torch.Tensor]]]:
         window = ([kernel] * 2, [stride] * 2, [pad] * 2, [1, 1])
         pool = Op(lambda mod, x, w=window: Q.max_pool2d(x, *w, False))
         case(f"max_pool{kernel}s{stride}", pool, i8(shape, gen))
+    for seed in (0, 2, 9, 15):
+        args, x = avg_pool_case(seed)
+        case(f"avg_pool_case{seed}", avg_pool_module(args), x)
+    wide = [0.05, -9, [3, 3], [1, 2], [1, 1], True, False, None, 0.04, 3]
+    case("avg_pool_wide", avg_pool_module(wide), i8((1, 2, 5, 613), gen))
+    for shape, dims in [((2, 9, 77), [-1]), ((3, 7, 70), [1]), ((2, 3, 40, 6), [0, 3])]:
+        amax = Op(lambda mod, x, d=dims: Q.amax(x, d, False))
+        case(f"amax{len(shape)}d_{dims}", amax, i8(shape, gen))
     add = Op(lambda mod, a, b: Q.add(a, 0.03, -7, b, 0.05, 3, 0.06, -2, -128, 127))
     case("add", add, i8((2, 5, 9, 37), gen), i8((2, 5, 9, 37), gen))
     mul = Op(lambda mod, a, b: Q.mul(a, 0.03, -7, b, 0.05, 3, 0.2, -2, -128, 127))

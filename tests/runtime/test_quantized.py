@@ -525,6 +525,129 @@ def test_max_pool2d(rt, pipeline_program, shape, kernel, stride, padding, dilati
     run_exact(rt, pipeline_program, module, [i8(shape, gen)])
 
 
+# ---- avg_pool2d ------------------------------------------------------------------------------
+
+
+def avg_pool_case(seed: int) -> tuple[list, torch.Tensor]:
+    """avg_pool2d's arguments and an input: odd sizes, 3-d and 4-d inputs, strides (the
+    kernel's when empty), padding up to half the kernel, both ceil modes, padding counted or
+    not, and a divisor override (negative too) in every third case."""
+    rng = random.Random(3000 + seed)
+    gen = torch.Generator().manual_seed(3000 + seed)
+    kh, kw = rng.choice([(1, 1), (2, 2), (3, 3), (2, 3), (3, 1), (5, 4), (7, 7), (4, 6)])
+    stride = rng.choice([[], [1, 1], [2, 2], [1, 2], [3, 2], [2]])
+    padding = [rng.randint(0, kh // 2), rng.randint(0, kw // 2)]
+    if padding[0] == padding[1] and rng.random() < 0.5:
+        padding = padding[:1]
+    ceil_mode, count_include_pad = bool(seed % 2), bool(seed // 2 % 2)
+    divisor = [1, 3, -2, 9, 1000][seed // 3 % 5] if seed % 3 == 2 else None
+    c = rng.choice([1, 3, 8, 17])
+    h, w = kh + rng.choice([0, 1, 4, 9]), kw + rng.choice([0, 2, 5, 13, 40])
+    shape = (c, h, w) if seed % 5 == 0 else (rng.choice([1, 2]), c, h, w)
+    x = i8(shape, gen)
+    xs, xzp = rng.uniform(0.01, 0.1), rng.choice([-128, -7, 0, 12, 127])
+    # The output's scale and zero point follow the averages' range (sums for a small divisor
+    # override), so that few outputs saturate.
+    gain = kh * kw / divisor if divisor else 1
+    os_ = xs * rng.uniform(0.4, 1.5) * abs(gain)
+    center = (x.float().mean().item() - xzp) * xs * gain / os_
+    ozp = max(-128, min(127, round(-center) + rng.randint(-20, 20)))
+    args = [xs, xzp, [kh, kw], stride, padding, ceil_mode, count_include_pad, divisor, os_, ozp]
+    return args, x
+
+
+def avg_pool_module(args: list) -> Op:
+    return Op(lambda m, x: Q.avg_pool2d(x, *args))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_avg_pool2d_randomized(rt, pipeline_program, seed):
+    args, x = avg_pool_case(seed)
+    run_exact(rt, pipeline_program, avg_pool_module(args), [x])
+
+
+@pytest.mark.parametrize(
+    "shape, kernel, stride, padding, ceil, count_pad, divisor",
+    [
+        # rows wider than one pass of column sums (512), and windows wider than one pass
+        ((1, 2, 5, 1300), [3, 3], [1, 1], [1, 1], False, True, None),
+        ((1, 2, 6, 1301), [2, 5], [2, 3], [1, 2], True, False, None),
+        ((1, 1, 3, 1100), [2, 520], [1, 7], [0, 0], False, True, None),
+        ((1, 1, 3, 1100), [3, 500], [2, 1], [1, 0], True, False, 7),
+        # a global pool, and the last window of ceil_mode starting in the padding's reach
+        ((2, 5, 7, 7), [7, 7], [1, 1], [0, 0], False, True, None),
+        ((1, 3, 4, 4), [3, 3], [2, 2], [1, 1], True, False, None),
+        ((1, 3, 4, 4), [3, 3], [2, 2], [1, 1], True, True, None),
+        # extreme values: sums of 255 per tap
+        ((1, 4, 9, 9), [5, 5], [2, 2], [2, 2], False, True, 1),
+    ],
+)
+def test_avg_pool2d_paths(rt, pipeline_program, shape, kernel, stride, padding, ceil, count_pad,
+                          divisor):  # fmt: skip
+    gen = torch.Generator().manual_seed(len(shape) + sum(kernel))
+    x = i8(shape, gen)
+    if divisor == 1:
+        x = torch.where(torch.rand(shape, generator=gen) < 0.5, -128, 127).to(torch.int8)
+    for xzp, os_ in ((-128, 0.05), (17, 0.011), (127, 0.3)):
+        os_ *= kernel[0] * kernel[1] if divisor == 1 else 1  # sums: a wider output range
+        args = [0.07, xzp, kernel, stride, padding, ceil, count_pad, divisor, os_, -5]
+        run_exact(rt, pipeline_program, avg_pool_module(args), [x])
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("seed", [1, 6, 11])
+def test_avg_pool2d_split_over_threads_is_exact(rt, pipeline_program, seed, threads):
+    args, x = avg_pool_case(seed)
+    run_exact(rt, pipeline_program, avg_pool_module(args), [x], threads)
+
+
+@pytest.mark.parametrize(
+    "kernel, padding, ceil, count_pad, want",
+    [
+        ([1, 2], [0, 0], False, True, [0, 2, 4]),  # 0.5, 2.5, 4.5: half to even
+        ([1, 3], [0, 1], True, False, [0, 3, 5]),  # (0+1)/2, (2+3+4)/3, 5/1
+        ([1, 3], [0, 1], True, True, [0, 3, 2]),  # (0+1)/3, 9/3, 5/2: clipped to the padding
+    ],
+)
+def test_avg_pool2d_divides_and_rounds_like_torch(rt, pipeline_program, kernel, padding, ceil,
+                                                  count_pad, want):  # fmt: skip
+    """Exact integer sums, then float32 (sum x scale) / divisor, rounded half to even; the
+    divisor counts the padding or not, and never past the padded input."""
+    x = torch.tensor([[[[0, 1, 2, 3, 4, 5]]]], dtype=torch.int8)
+    module = avg_pool_module([1.0, 0, kernel, kernel, padding, ceil, count_pad, None, 1.0, 0])
+    assert module(x).flatten().tolist() == want
+    run_exact(rt, pipeline_program, module, [x])
+
+
+# ---- amax --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,dims,keepdim",
+    [
+        ((1, 32, 26), [-1], False),  # a max over time: contiguous runs
+        ((2, 5, 7, 3), [2, 3], True),
+        ((1, 64, 130), [2], False),  # runs longer than a vector
+        ((3, 4, 5), [1], False),  # rows of outputs
+        ((4, 40, 70), [1], True),  # rows longer than a vector
+        ((3, 4, 5), [0, 2], True),  # reduced dims apart: groups of runs
+        ((2, 3, 4, 5), [0, 2], False),  # groups of rows
+        ((2, 3, 100), [0, 2], False),
+        ((6, 1, 9), [0], False),
+        ((2, 1, 4), [1], False),  # only a dim of size 1: a copy
+        ((5,), [0], True),
+        ((2, 3, 4, 5), [], False),  # no dims: every dim
+        ((2, 3, 4, 5), [-4, -3, -2, -1], True),
+    ],
+)
+def test_amax(rt, pipeline_program, shape, dims, keepdim):
+    gen = torch.Generator().manual_seed(len(shape) + len(dims))
+    x = i8(shape, gen)
+    run_exact(rt, pipeline_program, Op(lambda m, x: Q.amax(x, dims, keepdim)), [x])
+    low = i8(shape, gen, -128, -120)  # every value near the bottom: -128 must win nowhere
+    run_exact(rt, pipeline_program, Op(lambda m, x: Q.amax(x, dims, keepdim)), [low], threads=3)
+
+
 @pytest.mark.parametrize("zp,qmin,qmax", [(0, -128, 127), (-128, -128, 127), (127, -128, 127),
                                           (3, -127, 127), (-20, -20, 127)])  # fmt: skip
 def test_quantize_dequantize(rt, pipeline_program, zp, qmin, qmax):
@@ -575,3 +698,11 @@ def test_bad_clamp_bounds_are_an_error(rt, pipeline_program):
     prog = rt.load(str(pipeline_program(module, [x])))
     with pytest.raises(rt.Error, match=r"output clamp \[10, -10\] must lie within"):
         prog.run([x])
+
+
+def test_avg_pool2d_zero_divisor_is_an_error(rt, pipeline_program):
+    gen = torch.Generator().manual_seed(0)
+    module = avg_pool_module([0.1, 0, [2, 2], [], [0, 0], False, True, 0, 0.1, 0])
+    prog = rt.load(str(pipeline_program(module, [i8((1, 2, 4, 4), gen)])))
+    with pytest.raises(rt.Error, match=r"etb_quantized::avg_pool2d: divisor_override must be"):
+        prog.run([i8((1, 2, 4, 4), gen)])

@@ -92,6 +92,14 @@ class Pattern(torch.nn.Module):
             y = y.mean((2, 3))
         elif self.kind == "maxpool":
             y = F.max_pool2d(y, 2)
+        elif self.kind == "avgpool":
+            y = self.conv2(F.avg_pool2d(y, 3, 1, 1, ceil_mode=True, count_include_pad=False))
+        elif self.kind == "avgpool_divisor":
+            y = F.avg_pool2d(y, (2, 3), (2, 1), (1, 0), divisor_override=4)
+        elif self.kind == "amax":
+            y = y.amax((2, 3))
+        elif self.kind == "max_values":
+            y = self.conv2(y.max(dim=2, keepdim=True).values)
         elif self.kind == "se":  # squeeze-and-excite: an int8 mul with broadcasting
             gate = torch.sigmoid(self.se(y.mean((2, 3), keepdim=True)))
             y = self.conv2(y * gate)
@@ -116,6 +124,11 @@ TABLE_ACTIVATIONS = {
 }
 
 
+# The int8 kernel a pattern's pooling or reduction becomes.
+INT8_KERNEL = {"avgpool": "avg_pool2d", "avgpool_divisor": "avg_pool2d", "amax": "amax",
+               "max_values": "amax", "mean": "mean", "maxpool": "max_pool2d"}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -126,6 +139,10 @@ TABLE_ACTIVATIONS = {
         "add",
         "mean",
         "maxpool",
+        "avgpool",
+        "avgpool_divisor",
+        "amax",
+        "max_values",
         "two",
         "se",
         *TABLE_ACTIVATIONS,
@@ -147,6 +164,8 @@ def test_pattern_lowers_to_int8_kernels_matching_torchao(kind: str) -> None:
         assert names.count("etb_quantized.table_lookup.default") == 1, names
     if kind == "se":
         assert "etb_quantized.mul.default" in names, names
+    if kind in INT8_KERNEL:
+        assert f"etb_quantized.{INT8_KERNEL[kind]}.default" in names, names
     ours, ref = run_graph(g, x), converted(x)
     step = output_scale(g)
     assert (ours - ref).abs().max() <= step * 1.0001
@@ -180,6 +199,83 @@ def test_conv1d_lowers_to_the_int8_convolution() -> None:
     assert ours.shape == ref.shape == (2, 8, 21)
     assert (ours - ref).abs().max() <= step * 1.0001
     assert ref.std() > 10 * step
+
+
+class AvgPool1d(torch.nn.Module):
+    """Audio-style pooling over time between 1-D convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv1d(8, 16, 3), torch.nn.Conv1d(16, 8, 1)
+        self.pool = torch.nn.AvgPool1d(4, stride=3, padding=2, ceil_mode=True)
+
+    def forward(self, x):
+        return self.c2(self.pool(F.relu(self.c1(x))))
+
+
+def test_avg_pool1d_lowers_to_the_int8_average_pool() -> None:
+    """avg_pool1d decomposes to unsqueeze -> avg_pool2d -> squeeze: views of the int8 tensor."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 41)
+    converted, g = quantize(AvgPool1d().eval(), x, qconfig())
+    names = targets(g)
+    assert names.count("etb_quantized.avg_pool2d.default") == 1, names
+    assert not any(n.startswith("aten.") and "squeeze" not in n and "view" not in n
+                   for n in names), names  # fmt: skip
+    ours, ref = run_graph(g, x), converted(x)
+    assert ours.shape == ref.shape == (2, 8, 14)
+    assert (ours - ref).abs().max() <= output_scale(g) * 1.0001
+    assert ref.std() > 10 * output_scale(g)
+
+
+class QuantizedAmax(torch.nn.Module):
+    """An int8 activation, its max over dims quantized to other parameters, as a graph."""
+
+    def forward(self, x):
+        qd = torch.ops.quantized_decomposed
+        q = qd.quantize_per_tensor(x, 0.02, -3, -128, 127, torch.int8)
+        y = torch.amax(qd.dequantize_per_tensor(q, 0.02, -3, -128, 127, torch.int8), [1])
+        q = qd.quantize_per_tensor(y, 0.035, 20, -128, 127, torch.int8)
+        return qd.dequantize_per_tensor(q, 0.035, 20, -128, 127, torch.int8)
+
+
+def test_amax_to_other_quantization_requantizes_by_table_exactly() -> None:
+    """Max commutes with monotonic requantization: int8 amax, then one table lookup."""
+    model = QuantizedAmax()
+    x = torch.randn(3, 50, 7) * 2
+    g = graph_from_exported(torch.export.export(model, (x,)).run_decompositions())
+    lower_quantized(g)
+    g.drop_dead()
+    names = targets(g)
+    assert "etb_quantized.amax.default" in names and "aten.amax.default" not in names, names
+    assert names.count("etb_quantized.table_lookup.default") == 1, names
+    assert torch.equal(run_graph(g, x), model(x))
+
+
+def test_fp32_fallbacks_say_why_pooling_stays_fp32(monkeypatch) -> None:
+    """avg_pool2d the int8 kernel does not take, and max's indices, stay fp32 with a reason."""
+    from etbuild.pipeline.quant import lowering
+    from etbuild.pipeline.stages.lower import required_kernel
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            values, indices = y.max(dim=3)
+            return F.avg_pool2d(y, 3) + values.mean() + indices.float().mean()
+
+    monkeypatch.setattr(lowering, "_MAX_AVG_TAPS", 4)
+    _, g = quantize(Model().eval(), torch.randn(1, 3, 10, 10), qconfig())
+    reasons = {f["op"]: f["reason"] for f in lowering.fp32_fallbacks(g, required_kernel)}
+    assert reasons["aten::avg_pool2d.out"] == (
+        "the int8 kernel does not take windows of more than 4 taps (9 here)"
+    )
+    assert reasons["aten::max.dim_max"] == (
+        "the int8 kernel does not take max's indices (it gives the values only)"
+    )
 
 
 class Concat(torch.nn.Module):
@@ -265,6 +361,13 @@ def test_keep_fp32_by_module_name_and_op_type() -> None:
     names = targets(g)
     assert "etb_quantized.conv2d.default" in names
     assert "etb_quantized.add.default" not in names and "aten.add.Tensor" in names
+    # (The lowering makes int8 any dequantize -> op -> quantize, so these end the model.)
+    for kind, op, aten_op in (("avgpool_divisor", "avg_pool2d", "aten.avg_pool2d.default"),
+                              ("amax", "amax", "aten.amax.default")):  # fmt: skip
+        _, g = quantize(Pattern(kind).eval(), torch.randn(1, 8, 8, 8),
+                        qconfig(**{"keep_fp32.ops": [op]}))  # fmt: skip
+        names = targets(g)
+        assert f"etb_quantized.{op}.default" not in names and aten_op in names, names
 
 
 def test_unknown_keep_fp32_op_type_names_the_allowed_ones() -> None:

@@ -1,5 +1,6 @@
 // The int8 kernels that are not GEMMs: quantize / dequantize at fp32 boundaries, add (with
-// broadcasting), mean over dims and max pooling (pipeline/quant/ops.py).
+// broadcasting), mean over dims, max and average pooling and max over dims
+// (pipeline/quant/ops.py).
 #include <algorithm>
 
 #include "kernels/portable/geometry.h"
@@ -46,6 +47,75 @@ void max_bytes(int8_t* d, const int8_t* a, const int8_t* b, int64_t n) {
   for (; i + 16 <= n; i += 16) vst1q_s8(d + i, vmaxq_s8(vld1q_s8(a + i), vld1q_s8(b + i)));
 #endif
   for (; i < n; ++i) d[i] = a[i] > b[i] ? a[i] : b[i];
+}
+
+// The largest of n >= 1 int8 values.
+int8_t max_run(const int8_t* x, int64_t n) {
+  int64_t i = 0;
+  int32_t m = -128;
+#if defined(__AVX2__)
+  if (n >= 32) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    for (i = 32; i + 32 <= n; i += 32)
+      v = _mm256_max_epi8(v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    __m128i h = _mm_max_epi8(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_max_epi8(h, _mm_srli_si128(h, 8));
+    h = _mm_max_epi8(h, _mm_srli_si128(h, 4));
+    h = _mm_max_epi8(h, _mm_srli_si128(h, 2));
+    h = _mm_max_epi8(h, _mm_srli_si128(h, 1));
+    m = int8_t(_mm_cvtsi128_si32(h));
+  }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  if (n >= 16) {
+    int8x16_t v = vld1q_s8(x);
+    for (i = 16; i + 16 <= n; i += 16) v = vmaxq_s8(v, vld1q_s8(x + i));
+    m = vmaxvq_s8(v);
+  }
+#endif
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return int8_t(m);
+}
+
+// Average pooling sums spans of this many input columns at a time (a stack buffer).
+constexpr int64_t kAvgSpan = 512;
+// The most taps of an average pooling window: 255 x taps fits int32.
+constexpr int64_t kMaxAvgTaps = int64_t(1) << 23;
+
+// acc[t] += x[t] for t < n: one input row added to int32 column sums.
+void add_row(int32_t* __restrict acc, const int8_t* __restrict x, int64_t n) {
+  int64_t t = 0;
+#if defined(__AVX2__)
+  for (; t + 16 <= n; t += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + t));
+    __m256i* a = reinterpret_cast<__m256i*>(acc + t);
+    _mm256_storeu_si256(a, _mm256_add_epi32(_mm256_loadu_si256(a), _mm256_cvtepi8_epi32(v)));
+    _mm256_storeu_si256(a + 1, _mm256_add_epi32(_mm256_loadu_si256(a + 1),
+                                                _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+  }
+#elif defined(__ARM_NEON)
+  for (; t + 16 <= n; t += 16) {
+    const int8x16_t v = vld1q_s8(x + t);
+    const int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_s8(vget_high_s8(v));
+    vst1q_s32(acc + t, vaddw_s16(vld1q_s32(acc + t), vget_low_s16(lo)));
+    vst1q_s32(acc + t + 4, vaddw_s16(vld1q_s32(acc + t + 4), vget_high_s16(lo)));
+    vst1q_s32(acc + t + 8, vaddw_s16(vld1q_s32(acc + t + 8), vget_low_s16(hi)));
+    vst1q_s32(acc + t + 12, vaddw_s16(vld1q_s32(acc + t + 12), vget_high_s16(hi)));
+  }
+#endif
+  for (; t < n; ++t) acc[t] += x[t];
+}
+
+// One pooling window along an axis, as torch's avg_pool2d sees it: [lo, hi) are its taps
+// inside the input, `padded` its size clipped to the padded input.
+struct Window {
+  int64_t lo, hi, padded;
+};
+
+inline Window window(int64_t o, int64_t size, int64_t k, int64_t stride, int64_t pad) {
+  const int64_t start = o * stride - pad;
+  const int64_t end = start + k < size + pad ? start + k : size + pad;
+  const int64_t lo = start > 0 ? start : 0, hi = end < size ? end : size;
+  return {lo, hi > lo ? hi : lo, end - start};
 }
 
 // One output of a max pool whose window starts at (h0, w0); taps outside the plane are -128.
@@ -446,6 +516,226 @@ Error max_pool2d_out(KernelContext& ctx, const Tensor& input, Span<const int64_t
       }
     }
   });
+  return Error::Ok;
+}
+
+Error avg_pool2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
+                     int64_t input_zero_point, Span<const int64_t> kernel_size,
+                     Span<const int64_t> stride, Span<const int64_t> padding, bool ceil_mode,
+                     bool count_include_pad, Optional<int64_t> divisor_override,
+                     double output_scale, int64_t output_zero_point, Tensor& out) {
+  const char* op = "etb_quantized::avg_pool2d";
+  ETB_TRY(expect_char(input, op, "input"));
+  ETB_TRY(expect_char(out, op, "out"));
+  ETB_TRY(check_scale(input_scale, op, "input_scale"));
+  ETB_TRY(check_input_zp(input_zero_point, op, "input"));
+  OutQuant q;
+  ETB_TRY(make_out_quant(output_scale, output_zero_point, -128, 127, op, &q));
+  if (input.dim() != 3 && input.dim() != 4)
+    return fail(Error::InvalidArgument, "%s: input must be 3-d or 4-d, got %d-d", op, input.dim());
+  int64_t kh, kw, sh, sw, ph, pw;
+  if (kernel_size.size() == 0 || !pair_items(kernel_size, 1, 1, &kh, &kw) ||
+      !pair_items(stride, kh, kw, &sh, &sw) || !pair_items(padding, 0, 0, &ph, &pw))
+    return fail(Error::InvalidArgument, "%s: kernel/stride/padding must have 1 or 2 items", op);
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || kh > kLimit || kw > kLimit || sh > kLimit ||
+      sw > kLimit || ph < 0 || pw < 0 || ph * 2 > kh || pw * 2 > kw)
+    return fail(Error::InvalidArgument, "%s: invalid kernel, stride or padding", op);
+  if (kh * kw > kMaxAvgTaps)
+    return fail(Error::NotSupported, "%s: a %lldx%lld window has more than %lld taps", op,
+                (long long)kh, (long long)kw, (long long)kMaxAvgTaps);
+  if (divisor_override.has_value && divisor_override.value == 0)
+    return fail(Error::InvalidArgument, "%s: divisor_override must be nonzero", op);
+  const int64_t H = input.size(input.dim() - 2), W = input.size(input.dim() - 1);
+  const int64_t planes = input.dim() == 4 ? input.size(0) * input.size(1) : input.size(0);
+  const int64_t OH = pooled_size(H, kh, ph, sh, 1, ceil_mode);
+  const int64_t OW = pooled_size(W, kw, pw, sw, 1, ceil_mode);
+  if (OH <= 0 || OW <= 0) return fail(Error::InvalidArgument, "%s: output would be empty", op);
+  int64_t osz[4];
+  for (int i = 0; i < input.dim() - 2; ++i) osz[i] = input.size(i);
+  osz[input.dim() - 2] = OH;
+  osz[input.dim() - 1] = OW;
+  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(input.dim()))));
+  if (out.numel() == 0) return Error::Ok;
+  const int8_t* x = input.data_as<int8_t>();
+  int8_t* y = out.data_as<int8_t>();
+  const float xs = float(input_scale);
+  const int64_t zp = input_zero_point;
+  // The reference converts the override to float32 through a double.
+  const float override_div = float(double(divisor_override.value));
+  // One output: acc = the sum of (x - zp) over the taps inside the plane (padding is 0).
+  auto pooled = [&](int64_t sum, const Window& r, const Window& c) {
+    const int64_t taps = (r.hi - r.lo) * (c.hi - c.lo);
+    const int32_t acc = int32_t(sum - zp * taps);
+    const float div = divisor_override.has_value ? override_div
+                      : count_include_pad        ? float(r.padded * c.padded)
+                                                 : float(taps);
+    return quantize_one(div == 0.f ? 0.f : float(acc) * xs / div, q);
+  };
+  // Output columns per pass: their input span fits the column sums (a huge kernel: none).
+  const int64_t chunk = kw <= kAvgSpan ? (kAvgSpan - kw) / sw + 1 : 0;
+  // Each task takes whole output rows, each computed alone: any thread count is exact.
+  native::parallel_range(ctx, planes * OH, OW * kh * kw, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t sums[kAvgSpan];
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t p = row / OH, oh = row - p * OH;
+      const int8_t* xp = x + p * H * W;
+      int8_t* yr = y + row * OW;
+      const Window r = window(oh, H, kh, sh, ph);
+      if (chunk == 0) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const Window c = window(ow, W, kw, sw, pw);
+          int64_t sum = 0;
+          for (int64_t h = r.lo; h < r.hi; ++h)
+            for (int64_t w = c.lo; w < c.hi; ++w) sum += xp[h * W + w];
+          yr[ow] = pooled(sum, r, c);
+        }
+        continue;
+      }
+      for (int64_t ow0 = 0; ow0 < OW; ow0 += chunk) {
+        const int64_t n = OW - ow0 < chunk ? OW - ow0 : chunk;
+        // sums[t]: column first + t summed over the window's rows (0 outside the plane).
+        const int64_t first = ow0 * sw - pw, span = (n - 1) * sw + kw;
+        const int64_t t_lo = first < 0 ? (-first < span ? -first : span) : 0;
+        const int64_t t_hi = W - first < span ? (W - first > t_lo ? W - first : t_lo) : span;
+        for (int64_t t = 0; t < span; ++t) sums[t] = 0;
+        for (int64_t h = r.lo; h < r.hi; ++h)
+          add_row(sums + t_lo, xp + h * W + first + t_lo, t_hi - t_lo);
+        for (int64_t o = 0; o < n; ++o) {
+          const Window c = window(ow0 + o, W, kw, sw, pw);
+          int64_t sum = 0;
+          for (int64_t t = c.lo - first; t < c.hi - first; ++t) sum += sums[t];
+          yr[ow0 + o] = pooled(sum, r, c);
+        }
+      }
+    }
+  });
+  return Error::Ok;
+}
+
+Error amax_out(KernelContext& ctx, const Tensor& input, Span<const int64_t> dim, bool keepdim,
+               Tensor& out) {
+  const char* op = "etb_quantized::amax";
+  ETB_TRY(expect_char(input, op, "input"));
+  ETB_TRY(expect_char(out, op, "out"));
+  const int nd = input.dim();
+  bool reduced[kMaxDim] = {};
+  for (size_t i = 0; i < dim.size(); ++i) {
+    int64_t d = 0;
+    ETB_TRY(native::wrap_dim(dim[i], nd, &d, op));
+    if (nd == 0) continue;
+    if (reduced[d])
+      return fail(Error::InvalidArgument, "%s: dim %lld is repeated", op, (long long)dim[i]);
+    reduced[d] = true;
+  }
+  if (dim.size() == 0)
+    for (int d = 0; d < nd; ++d) reduced[d] = true;  // no dims: every dim
+  int64_t osz[kMaxDim];
+  int ond = 0;
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    if (reduced[d]) {
+      count *= input.size(d);
+      if (keepdim) osz[ond++] = 1;
+    } else {
+      osz[ond++] = input.size(d);
+    }
+  }
+  if (count == 0) return fail(Error::InvalidArgument, "%s: cannot reduce over a dim of size 0", op);
+  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(ond))));
+  const int64_t on = out.numel();
+  if (on == 0) return Error::Ok;
+  const int8_t* x = input.data_as<int8_t>();
+  int8_t* y = out.data_as<int8_t>();
+  if (count == 1) {  // only dims of size 1 go: the elements keep their order
+    copy_run(y, x, on);
+    return Error::Ok;
+  }
+  // Runs of adjacent dims of one kind (reduced or kept) are one block; dims of size 1 drop.
+  int64_t size[kMaxDim], step[kMaxDim];
+  bool red[kMaxDim];
+  int nb = 0;
+  for (int d = 0; d < nd; ++d) {
+    if (input.size(d) == 1) continue;
+    if (nb > 0 && red[nb - 1] == reduced[d]) {
+      size[nb - 1] *= input.size(d);
+      step[nb - 1] = input.stride(d);
+    } else {
+      size[nb] = input.size(d);
+      step[nb] = input.stride(d);
+      red[nb] = reduced[d];
+      ++nb;
+    }
+  }
+  // The innermost block: contiguous rows of `inner` outputs (kept) or runs of `run` inputs
+  // that one output reduces (reduced). The other blocks index the rows (kept) and the groups
+  // of runs added to them (reduced), outermost first.
+  const bool rows_of_outputs = !red[nb - 1];
+  const int64_t inner = rows_of_outputs ? size[nb - 1] : 1;
+  const int64_t run = rows_of_outputs ? 1 : size[nb - 1];
+  int64_t ksize[kMaxDim], kstep[kMaxDim], rsize[kMaxDim], rstep[kMaxDim];
+  int nk = 0, nr = 0;
+  for (int b = 0; b < nb - 1; ++b) {
+    if (red[b]) {
+      rsize[nr] = size[b];
+      rstep[nr++] = step[b];
+    } else {
+      ksize[nk] = size[b];
+      kstep[nk++] = step[b];
+    }
+  }
+  const int64_t groups = count / run;  // runs per output
+  // The input offset of kept index `index` (outermost first).
+  auto kept_offset = [&](int64_t index) {
+    int64_t off = 0;
+    for (int k = nk - 1; k >= 0; --k) {
+      off += (index % ksize[k]) * kstep[k];
+      index /= ksize[k];
+    }
+    return off;
+  };
+  // Calls f(offset) for every group of the reduced blocks, in order.
+  auto for_each_group = [&](auto&& f) {
+    int64_t idx[kMaxDim] = {};
+    int64_t off = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      f(off);
+      for (int k = nr - 1; k >= 0; --k) {
+        off += rstep[k];
+        if (++idx[k] < rsize[k]) break;
+        off -= rstep[k] * rsize[k];
+        idx[k] = 0;
+      }
+    }
+  };
+  if (rows_of_outputs) {
+    native::parallel_range(ctx, on / inner, count * inner, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int8_t* xr = x + kept_offset(r);
+        int8_t* yr = y + r * inner;
+        bool first = true;
+        for_each_group([&](int64_t off) {
+          if (first)
+            copy_run(yr, xr + off, inner);
+          else
+            max_bytes(yr, yr, xr + off, inner);
+          first = false;
+        });
+      }
+    });
+  } else {
+    native::parallel_range(ctx, on, count, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        const int8_t* xo = x + kept_offset(o);
+        int8_t best = -128;
+        for_each_group([&](int64_t off) {
+          const int8_t m = max_run(xo + off, run);
+          best = m > best ? m : best;
+        });
+        y[o] = best;
+      }
+    });
+  }
   return Error::Ok;
 }
 
