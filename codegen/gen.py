@@ -455,8 +455,13 @@ def gen_registration(entries: list[OpEntry]) -> str:
         "",
         "}  // namespace",
         "",
+        "// The delegate backends linked into this build (register_backends.cpp, which CMake",
+        "// generates from ETB_BACKEND_DIRS).",
+        "Error register_all_backends();",
+        "",
         "Error register_all_kernels() {",
-        f"  return register_kernels(Span<const Kernel>(kKernels, {len(entries)}));",
+        f"  ETB_TRY(register_kernels(Span<const Kernel>(kKernels, {len(entries)})));",
+        "  return register_all_backends();",
         "}",
         "",
         "}  // namespace etb",
@@ -532,8 +537,8 @@ REGISTER_H = (
 
 namespace etb {
 
-/// Registers every generated kernel. Call once before loading methods; no static
-/// initializers do this implicitly.
+/// Registers every generated kernel and every delegate backend linked into the build. Call
+/// once before loading methods; no static initializers do this implicitly.
 Error register_all_kernels();
 
 }  // namespace etb

@@ -21,10 +21,9 @@ from .toolchain import resolve as resolve_toolchain
 def check_supported(cfg: DictConfig) -> None:
     """Reject settings this version composes but cannot build yet, before any work."""
     if cfg.partitioner.name != "none":
-        raise EtbuildError(
-            f"partitioner.name={cfg.partitioner.name!r}: no delegate partitioners exist in "
-            "this version; leave partitioner out"
-        )
+        from .partition import load_backend
+
+        load_backend(cfg.partitioner)  # an unimportable or malformed plug-in fails now
     # The target's toolchain (compilers, NDK, qemu) must exist before any expensive stage, and
     # the programs and pinned kernels the selection names must be readable.
     resolve_toolchain(cfg.target, need_run=cfg.pipeline.verify.enabled)

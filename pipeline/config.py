@@ -158,9 +158,23 @@ class QuantConfig:
 
 @dataclass
 class PartitionerConfig:
-    """Delegate partitioner. Absent means no delegate: every op runs on portable kernels."""
+    """Delegate partitioner. Absent means no delegate: every op runs on portable kernels.
+
+    ``_target_`` is a class or function returning a backend (pipeline/partition.py
+    ``Backend``), called with ``args``. The filters narrow what the backend takes: ``ops``
+    (op kinds such as ``convolution``, ``add``; empty: all it supports), module-name patterns
+    (fnmatch, on the innermost module's path), ``dtypes`` (``float32``, ``int8``, ...: every
+    tensor a node reads or writes) and the smallest partition worth a delegate call.
+    """
 
     name: str = "none"
+    _target_: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    ops: list[str] = field(default_factory=list)
+    include_modules: list[str] = field(default_factory=list)
+    exclude_modules: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    min_partition_size: int = 1
 
 
 class TargetKind(Enum):
@@ -257,6 +271,7 @@ class StageName(Enum):
     export = "export"
     quantize = "quantize"
     lower = "lower"
+    partition = "partition"
     out_variant = "out_variant"
     plan = "plan"
     emit = "emit"
@@ -298,6 +313,8 @@ class VerifyConfig:
     tolerance: float = 1e-4
     # Quantized: extra random inputs for SQNR and top-1 agreement.
     eval_inputs: int = 8
+    # Runs of the reference input the runner times (median, p10, p90 in the report); 1: none.
+    latency_iters: int = 10
 
 
 @dataclass

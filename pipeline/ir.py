@@ -1,4 +1,4 @@
-"""The program IR between `out_variant` and `emit`: values and kernel calls.
+"""The program IR between `out_variant` and `emit`: values, kernel calls and delegate calls.
 
 Every op is already its ``.out`` form: an instruction names its ops_yaml entry and holds one
 argument per schema argument (outputs included), so planning and emission need no torch graph.
@@ -78,13 +78,39 @@ class Instruction:
                 stack.extend(a)
 
 
+@dataclass(eq=False)
+class Delegate:
+    """A backend's preprocessed partition: the blob its C++ half runs.
+
+    ``compile_specs`` are (key, bytes) pairs the backend reads at init."""
+
+    backend_id: str
+    processed: bytes
+    compile_specs: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class DelegateCall:
+    """A call of a delegate: ``args`` are its inputs, ``returns`` its outputs, in the order
+    of the partition's placeholders and outputs."""
+
+    delegate: Delegate
+    args: list[TensorValue]
+    returns: list[TensorValue]
+    source: str = ""
+
+    def tensors(self) -> Iterator[TensorValue]:
+        yield from self.args
+        yield from self.returns
+
+
 @dataclass
 class Program:
     """One method ("forward") ready for planning and emission."""
 
     inputs: list[TensorValue]
     outputs: list[TensorValue]
-    instructions: list[Instruction]
+    instructions: list[Instruction | DelegateCall]
     in_spec: str = ""
     out_spec: str = ""
     values: list[TensorValue] = field(default_factory=list)  # every tensor, definition order

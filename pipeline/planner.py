@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import EtbuildError
-from .ir import Program, TensorValue
+from .ir import Instruction, Program, TensorValue
 
 
 def align_up(n: int, alignment: int) -> int:
@@ -104,7 +104,7 @@ def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[li
     reuses = 0
     if in_place:
         for i, ins in enumerate(program.instructions):
-            if not ins.op.in_place or len(ins.returns) != 1:
+            if not isinstance(ins, Instruction) or not ins.op.in_place or len(ins.returns) != 1:
                 continue
             out = ins.returns[0]
             if not isinstance(out, TensorValue) or id(out) not in owner:

@@ -4,9 +4,10 @@ a later run whose inputs are identical.
 The key hashes everything those stages read: the config minus the sections only later stages
 read (target, selection, build, and the verify/stop settings), the etbuild sources that run
 them (pipeline/, ops_yaml/, the program schema), the source file of every user ``_target_``
-they call (model, calibration data, QAT train step), the checkpoint and calibration files, and
-the versions of python, torch, torchao and flatbuffers. A user module that imports other
-local modules is keyed by its own file only; set ``pipeline.cache=false`` while editing those.
+they call (model, calibration data, QAT train step, partitioner), the checkpoint and
+calibration files, and the versions of python, torch, torchao and flatbuffers. A user module
+that imports other local modules is keyed by its own file only; set ``pipeline.cache=false``
+while editing those.
 
 An entry is ``<cache root>/stages/<key>/``: ``entry.json`` (the stages' manifest records and
 the artifacts they pass on) and ``files/`` (what they wrote to the run directory). It is
@@ -41,6 +42,7 @@ _LATER_SETTINGS = (
     ("pipeline", "cache"),
     ("pipeline", "verify", "enabled"),
     ("pipeline", "verify", "tolerance"),
+    ("pipeline", "verify", "latency_iters"),
     ("quant", "min_sqnr_db"),
 )
 _TOOLS = ("torch", "torchao", "flatbuffers", "hydra-core", "omegaconf")
@@ -112,6 +114,7 @@ def stage_cache_key(cfg: DictConfig) -> str:
         "calibration_source": _target_source(quant.calibration._target_),
         "calibration_files": _path_digest(quant.calibration.folder, "*.pt"),
         "train_step_source": _target_source(quant.qat.train_step.get("_target_")),
+        "partitioner_source": _target_source(cfg.partitioner._target_),
     }
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     tree_digest(h, PACKAGE_ROOT / "pipeline", ("**/*.py",))

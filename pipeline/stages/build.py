@@ -83,13 +83,50 @@ def build_inputs(cfg, tc: Toolchain):
     return h
 
 
-def build_key(inputs, selection: bytes | None, wheel: bool) -> str:
-    """The build cache key from ``build_inputs``; ``selection`` None: the all-ops baseline."""
+def build_key(inputs, selection: bytes | None, wheel: bool, backend_dirs: list[Path] = ()) -> str:
+    """The build cache key from ``build_inputs``; ``selection`` None: the all-ops baseline.
+    The sources of the delegate backends linked count too."""
     h = inputs.copy()
     if wheel:
         h.update(f"wheel for python {sys.version}\0".encode())
     h.update(b"all ops\0" if selection is None else b"selection\0" + selection)
+    for d in backend_dirs:
+        h.update(f"backend {d.name}\0".encode())
+        tree_digest(h, d, ("**/*",))
     return h.hexdigest()[:24]
+
+
+def backend_dirs(cfg, ids: list[str]) -> list[Path]:
+    """The C++ folders of the delegate backends the programs call: the configured
+    partitioner's backend provides its own; a program that calls another one is an error."""
+    if not ids:
+        return []
+    provided: dict[str, Path] = {}
+    if cfg.partitioner.name != "none":
+        from ..partition import load_backend
+
+        backend = load_backend(cfg.partitioner)
+        provided[backend.id] = Path(backend.runtime_dir)
+    missing = [i for i in ids if i not in provided]
+    if missing:
+        have = (
+            f"this build's partitioner provides {', '.join(provided)}"
+            if provided
+            else ("this build has no partitioner")
+        )
+        raise EtbuildError(
+            f"the programs call delegate backend(s) {', '.join(missing)}, and {have}; build "
+            "with the +partitioner=<option> whose backend has that id, or leave the program "
+            "out of selection.programs"
+        )
+    dirs = [provided[i] for i in ids]
+    for d in dirs:
+        if not (d / "CMakeLists.txt").is_file():
+            raise EtbuildError(
+                f"backend {d.name}: {d} has no CMakeLists.txt; a backend's runtime_dir holds its "
+                "C++ sources and a CMakeLists.txt that calls etb_add_backend()"
+            )
+    return dirs
 
 
 def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
@@ -278,7 +315,12 @@ def build_wheel(defines: list[str], key: str, build_dir: Path, wheel_dir: Path, 
 
 
 def build_into_cache(
-    cfg, tc: Toolchain, selection_path: Path | None, entry: Path, wheel: bool
+    cfg,
+    tc: Toolchain,
+    selection_path: Path | None,
+    entry: Path,
+    wheel: bool,
+    backends: list[Path] = (),
 ) -> None:
     """Configure, build and install into a temporary folder, then rename it to ``entry``.
     ``selection_path`` None: every kernel (the all-ops baseline)."""
@@ -292,6 +334,8 @@ def build_into_cache(
         if selection_path is not None:
             shutil.copy2(selection_path, tmp / "selected_operators.yaml")
             defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *defines]
+        if backends:
+            defines.append(f"-DETB_BACKEND_DIRS={';'.join(str(d) for d in backends)}")
         if wheel:
             build_wheel(defines, entry.name, build_dir, install_dir / "wheel", log)
         else:
@@ -321,7 +365,12 @@ def build_into_cache(
 
 
 def cached_build(
-    cfg, tc: Toolchain, key: str, selection_path: Path | None, wheel: bool
+    cfg,
+    tc: Toolchain,
+    key: str,
+    selection_path: Path | None,
+    wheel: bool,
+    backends: list[Path] = (),
 ) -> tuple[Path, bool]:
     """The build cache entry of ``key``, built now unless present; (entry, was it a hit)."""
     entry = cache_root(cfg) / "builds" / key
@@ -329,7 +378,7 @@ def cached_build(
     if hit:
         mark_used(entry)
     else:
-        build_into_cache(cfg, tc, selection_path, entry, wheel)
+        build_into_cache(cfg, tc, selection_path, entry, wheel, backends)
     return entry, hit
 
 
@@ -359,9 +408,12 @@ def run(ctx: Context) -> None:
     selection = ctx.read("selected_operators.yaml")
     wheel = wants_wheel(cfg, tc)
     inputs = build_inputs(cfg, tc)
-    key = build_key(inputs, selection, wheel)
+    backends = backend_dirs(cfg, ctx.artifacts["backends"])
+    key = build_key(inputs, selection, wheel, backends)
     ctx.note_read("build_cache_key", key)
-    entry, hit = cached_build(cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel)
+    entry, hit = cached_build(
+        cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel, backends
+    )
     sizes = json.loads((entry / "sizes.json").read_text())
     used = [entry]
     if cfg.build.compare_all_ops:

@@ -14,7 +14,7 @@ import torch
 
 from .. import pte
 from ..errors import EtbuildError
-from ..ir import Instruction, Program, SymValue, TensorValue
+from ..ir import Delegate, DelegateCall, Instruction, Program, SymValue, TensorValue
 from ..planner import Plan
 from ..runner import Context
 from ..scalar_types import SCALAR_TYPES
@@ -45,6 +45,9 @@ class _Emitter:
         self.constants = bytearray()
         self.constant_offsets: list[int] = [0]  # entry 0 is reserved
         self.constant_index: dict[str, int] = {}
+        self.delegates: list[Delegate] = []
+        self.blobs: list[bytes] = []  # one segment each, after the constant segment
+        self.blob_index: dict[str, int] = {}
 
     # -- values ------------------------------------------------------------------------
 
@@ -195,6 +198,44 @@ class _Emitter:
 
     # -- instructions -------------------------------------------------------------------
 
+    def instruction(self, ins: Instruction | DelegateCall):
+        return self.delegate_call(ins) if isinstance(ins, DelegateCall) else self.kernel_call(ins)
+
+    def delegate_call(self, ins: DelegateCall):
+        """A DelegateCall: args are the inputs, then the outputs (ExecuTorch's order)."""
+        m = self.mods
+        if ins.delegate not in self.delegates:
+            self.delegates.append(ins.delegate)
+        call = m["DelegateCall"].DelegateCallT()
+        call.delegateIndex = self.delegates.index(ins.delegate)
+        call.args = [self.tensor(v) for v in [*ins.args, *ins.returns]]
+        instr = m["Instruction"].InstructionT()
+        instr.instrArgsType = m["InstructionArguments"].InstructionArguments.DelegateCall
+        instr.instrArgs = call
+        return instr
+
+    def backend_delegates(self) -> list[Any]:
+        """The delegate table; each blob goes to a segment (identical blobs share one)."""
+        m = self.mods
+        table = []
+        for d in self.delegates:
+            digest = hashlib.sha256(d.processed).hexdigest()
+            if digest not in self.blob_index:
+                self.blob_index[digest] = len(self.blobs)
+                self.blobs.append(d.processed)
+            ref = m["BackendDelegateDataReference"].BackendDelegateDataReferenceT()
+            ref.location = m["DataLocation"].DataLocation.SEGMENT
+            ref.index = 1 + self.blob_index[digest]  # segment 0 holds the constants
+            specs = []
+            for key, value in d.compile_specs:
+                spec = m["CompileSpec"].CompileSpecT()
+                spec.key, spec.value = key, list(value)
+                specs.append(spec)
+            bd = m["BackendDelegate"].BackendDelegateT()
+            bd.id, bd.processed, bd.compileSpecs = d.backend_id, ref, specs
+            table.append(bd)
+        return table
+
     def kernel_call(self, ins: Instruction):
         m = self.mods
         key = (ins.op.qualified_name, ins.op.overload)
@@ -234,10 +275,12 @@ def _schema_modules() -> dict[str, Any]:
     pte.check_schema_installed()
 
     names = [
-        "AllocationDetails", "Bool", "BoolList", "Chain", "ContainerMetadata", "DataSegment",
-        "Double", "DoubleList", "EValue", "ExecutionPlan", "Instruction", "InstructionArguments",
-        "Int", "IntList", "KernelCall", "KernelTypes", "Null", "Operator", "OptionalTensorList",
-        "Program", "String", "SubsegmentOffsets", "Tensor", "TensorList",
+        "AllocationDetails", "BackendDelegate", "BackendDelegateDataReference", "Bool",
+        "BoolList", "Chain", "CompileSpec", "ContainerMetadata", "DataLocation", "DataSegment",
+        "DelegateCall", "Double", "DoubleList", "EValue", "ExecutionPlan", "Instruction",
+        "InstructionArguments", "Int", "IntList", "KernelCall", "KernelTypes", "Null",
+        "Operator", "OptionalTensorList", "Program", "String", "SubsegmentOffsets", "Tensor",
+        "TensorList",
     ]  # fmt: skip
     return {n: importlib.import_module(f"etbuild.schema.{n}") for n in names}
 
@@ -254,7 +297,7 @@ def emit_program(
             if t.is_constant:
                 e.tensor(t)
     inputs = [e.tensor(v) for v in program.inputs]
-    instructions = [e.kernel_call(ins) for ins in program.instructions]
+    instructions = [e.instruction(ins) for ins in program.instructions]
     outputs = [e.tensor(v) for v in program.outputs]
 
     chain = m["Chain"].ChainT()
@@ -274,7 +317,7 @@ def emit_program(
         op.name, op.overload = name, overload
         ops.append(op)
     plan_t.operators = ops
-    plan_t.delegates = []
+    plan_t.delegates = e.backend_delegates()
     plan_t.nonConstBufferSizes = [0] + list(plan.bank_sizes)
 
     constants = bytes(e.constants)
@@ -283,21 +326,25 @@ def emit_program(
     prog.executionPlan = [plan_t]
     prog.constantBuffer = []
     prog.backendDelegateData = []
-    ((offset, size),) = pte.segment_layout([len(constants)], segment_alignment)
-    seg = m["DataSegment"].DataSegmentT()
-    seg.offset, seg.size = offset, size
-    prog.segments = [seg]
+    segments = [constants, *e.blobs]
+    prog.segments = []
+    for offset, size in pte.segment_layout([len(s) for s in segments], segment_alignment):
+        seg = m["DataSegment"].DataSegmentT()
+        seg.offset, seg.size = offset, size
+        prog.segments.append(seg)
     cs = m["SubsegmentOffsets"].SubsegmentOffsetsT()
     cs.segmentIndex = 0
     cs.offsets = e.constant_offsets
     prog.constantSegment = cs
-    data = pte.serialize(prog, [constants], segment_alignment)
+    data = pte.serialize(prog, segments, segment_alignment)
     facts = {
         "values": len(e.values),
         "instructions": len(instructions),
         "operators": len(ops),
         "constants": len(e.constant_offsets) - 1,
         "constant_bytes": len(constants),
+        "delegates": len(e.delegates),
+        "delegate_bytes": sum(len(b) for b in e.blobs),
         "file_bytes": len(data),
     }
     return data, facts

@@ -16,8 +16,9 @@ from torch.utils import _pytree as pytree
 from .. import passes
 from ..errors import EtbuildError
 from ..graph import Graph, source_of
-from ..ir import Instruction, Program, SymValue, TensorValue
+from ..ir import DelegateCall, Instruction, Program, SymValue, TensorValue
 from ..ops import load_ops
+from ..partition import DelegatedPartition
 from ..runner import Context
 from .lower import required_kernel
 
@@ -74,7 +75,7 @@ class _ProgramBuilder:
         self.values: list[TensorValue] = []
         self.inputs: list[TensorValue] = []
         self.outputs: list[TensorValue] = []
-        self.instructions: list[Instruction] = []
+        self.instructions: list[Instruction | DelegateCall] = []
 
     def value(self, tv: TensorValue) -> TensorValue:
         self.values.append(tv)
@@ -104,6 +105,8 @@ class _ProgramBuilder:
     def call(self, node: fx.Node) -> Any:
         if node.target is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
+        if isinstance(node.target, DelegatedPartition):
+            return self.delegate_call(node)
         key = required_kernel(node)
         if key == "":
             return self.view(node)
@@ -138,6 +141,17 @@ class _ProgramBuilder:
             returns.append(SymValue(node.name))
         self.instructions.append(Instruction(op, args, returns, source=source_of(node)))
         return returns[0] if len(returns) == 1 else tuple(returns)
+
+    def delegate_call(self, node: fx.Node) -> tuple[TensorValue, ...]:
+        """A delegated partition: its inputs, and fresh tensors for its outputs."""
+        args = [self.lookup(a) for a in node.args]
+        returns = [
+            self.value(tensor_value(f"{node.name}_out{i}", val))
+            for i, val in enumerate(node.meta["val"])
+        ]
+        delegate = node.target.delegate
+        self.instructions.append(DelegateCall(delegate, args, returns, source=source_of(node)))
+        return tuple(returns)
 
     def view(self, node: fx.Node) -> TensorValue:
         """A view that moves no data: it shares its input's storage (constants: its data)."""

@@ -121,6 +121,35 @@ def _fp32_section(fallbacks: list[dict]) -> list[str]:
     return lines
 
 
+def _partition_section(parts: dict) -> list[str]:
+    """Each delegated partition (ops, share of the model's operations) and every op the
+    partitioner left to the portable kernels, with its reason."""
+    total = parts["total_flops"]
+    delegated = sum(p["flops"] for p in parts["partitions"])
+    share = f"{delegated / total:.1%}" if total else "0%"
+    lines = [
+        "",
+        f"## Delegated to {parts['backend']}",
+        "",
+        f"{len(parts['partitions'])} partition(s) hold {share} of the model's operations "
+        f"({delegated:,} of {total:,}: multiply-adds count two, other ops one per element).",
+    ]
+    if parts["partitions"]:
+        lines += ["", "| partition | ops | share of operations |", "|---|---|---|"]
+        for i, p in enumerate(parts["partitions"]):
+            ops = ", ".join(f"{op} x{n}" for op, n in p["ops"].items())
+            lines.append(f"| {i} | {ops} | {p['share']:.1%} |")
+    lines += ["", "Left to the portable kernels:", ""]
+    if not parts["refused"]:
+        return lines + ["None: the backend took every op."]
+    lines += ["| op | calls | why | at |", "|---|---|---|---|"]
+    for r in parts["refused"]:
+        at = "<br>".join(f"`{w}`" for w in r["where"][:3])
+        more = f" (+{len(r['where']) - 3} more)" if len(r["where"]) > 3 else ""
+        lines.append(f"| `{r['op']}` | {r['calls']} | {r['reason']} | {at}{more} |")
+    return lines
+
+
 def render(ctx: Context) -> str:
     cfg = ctx.cfg
     a = ctx.artifacts
@@ -148,6 +177,7 @@ def render(ctx: Context) -> str:
         f"| operators | {facts['operators']} |",
         f"| values | {facts['values']} |",
         f"| constants | {facts['constants']} tensors, {_kb(facts['constant_bytes'])} |",
+        f"| delegates | {facts['delegates']} blobs, {_kb(facts['delegate_bytes'])} |",
         "",
         "## Memory plan",
         "",
@@ -173,6 +203,8 @@ def render(ctx: Context) -> str:
     for key, info in a["selection"].items():
         dtypes = "; ".join(f"{arg}: {'/'.join(d)}" for arg, d in info["dtypes"].items())
         lines.append(f"| `{key}` | {info['count']} | {dtypes} |")
+    if a.get("partitions"):
+        lines += _partition_section(a["partitions"])
     if cfg.quant.scheme.value != "none":
         lines += _fp32_section(a["fp32_fallbacks"])
     sizes = a.get("runtime_sizes")

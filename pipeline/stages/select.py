@@ -5,6 +5,9 @@ run's model.pte, the other programs an app ships (``selection.programs``: .pte f
 ExecuTorch-format producer, or selected_operators.yaml of other builds) and a hand-written,
 pinned kernel set (``selection.operators``) all go through the same code.
 
+``backends`` lists the delegate backends (BackendDelegate ids) the programs call: the runtime
+links those and no other.
+
 Per operator: ``count`` (calls) and ``dtypes``: for every tensor argument (outputs and tensor
 list items included) the dtypes it has, and for every Scalar argument the kind of scalar the
 program passes (Long, Double or Bool), so mixed-dtype calls select exactly what they use.
@@ -107,6 +110,30 @@ def program_selection(data: bytes, label: str, ops: dict[str, OpDef]) -> Selecti
         }
         for key in sorted(counts)
     }
+
+
+def program_backends(data: bytes, label: str) -> list[str]:
+    """The ids of the delegate backends a program file calls."""
+    try:
+        program = pte.read(data).program
+    except EtbuildError as exc:
+        raise EtbuildError(f"{label}: {exc}") from None
+    return sorted(
+        {
+            (d.id or b"").decode()
+            for plan in program.executionPlan or []
+            for d in plan.delegates or []
+        }
+    )
+
+
+def file_backends(path_text: str) -> list[str]:
+    """The backends of a ``selection.programs`` entry (a .pte, or a selection file's
+    ``backends`` list)."""
+    path = Path(path_text).expanduser()
+    if path.suffix in (".yaml", ".yml"):
+        return sorted(yaml.safe_load(path.read_text()).get("backends") or [])
+    return program_backends(path.read_bytes(), str(path))
 
 
 def union(selections: list[Selection]) -> Selection:
@@ -252,7 +279,13 @@ def run(ctx: Context) -> None:
         for key, info in extra.pinned.items():
             info["count"] = selection.get(key, {}).get("count", 0)
         selection = extra.pinned
+    backends = set(program_backends(ctx.read("model.pte"), "model.pte"))
+    for path, _, _ in extra.programs:
+        backends.update(file_backends(path))
     ctx.artifacts["selection"] = selection
+    ctx.artifacts["backends"] = sorted(backends)
     doc = {"operators": selection}
+    if backends:
+        doc["backends"] = sorted(backends)  # the delegate backends the runtime links
     ctx.write("selected_operators.yaml", yaml.safe_dump(doc, sort_keys=True).encode())
-    ctx.summarize(ops=len(selection), programs=len(selections))
+    ctx.summarize(ops=len(selection), programs=len(selections), backends=len(backends))

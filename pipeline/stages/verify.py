@@ -5,6 +5,8 @@ run here (android, cortex_m), the report says the runtime was built but not run.
 ``kernel_isa`` is the kernels' SIMD path (avx512, avx2, sse2, neon, scalar) as the runner
 reports it; for a target that cannot run here, the path its compile flags give (build stage).
 The runner runs at ``target.threads`` (``--threads``); ``threads`` is the count it reports.
+``latency``: the runner's median, p10 and p90 over ``pipeline.verify.latency_iters`` runs of the
+reference input (after one warm-up run); under qemu at most 3 runs, flagged as emulated.
 
 fp32 programs must match the eager outputs within ``pipeline.verify.tolerance`` x max|eager|.
 Quantized programs are measured instead: SQNR (dB) against the fp32 eager model and top-1
@@ -36,15 +38,18 @@ class BuiltRunner:
         self.runner, self.program, self.prefix, self.threads = runner, program, prefix, threads
         self.kernel_isa = ""  # the runner's "kernel_isa: <path>" line, after a run
         self.ran_threads = 0  # the runner's "threads: N" line, after a run
+        self.latency = ""  # the runner's latency line, after a run of several iterations
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(
+        self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0
+    ) -> list[torch.Tensor]:
         with tempfile.TemporaryDirectory(prefix="etb_verify_") as tmp:
             d = Path(tmp)
             cmd = [*self.prefix, str(self.runner), str(self.program)]
             for i, t in enumerate(inputs):
                 etbt.write(d / f"input_{i}.etbt", t)
                 cmd += ["--input", str(d / f"input_{i}.etbt")]
-            cmd += ["--iters", "1", "--warmup", "0", "--threads", str(self.threads)]
+            cmd += ["--iters", str(iters), "--warmup", str(warmup), "--threads", str(self.threads)]
             cmd += ["--output-dir", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -56,6 +61,12 @@ class BuiltRunner:
             self.kernel_isa = isa.group(1) if isa else "unknown"
             threads = re.search(r"^threads: (\d+)$", proc.stdout, re.M)
             self.ran_threads = int(threads.group(1)) if threads else 0
+            latency = re.search(
+                r"^latency_ms: median=(\S+) p10=(\S+) p90=(\S+) iters=(\d+)$", proc.stdout, re.M
+            )
+            if latency and iters > 1:
+                median, p10, p90, n = latency.groups()
+                self.latency = f"{median} ms median (p10 {p10}, p90 {p90}; {n} runs)"
             outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
             return [etbt.read(p) for p in outs]
 
@@ -142,7 +153,11 @@ def run(ctx: Context) -> None:
     program = BuiltRunner(runner, path, tc.run_prefix, tc.threads)
     reference = torch.load(io.BytesIO(ctx.read("reference.pt")), weights_only=True)
     inputs, expected = reference["inputs"], reference["outputs"]
-    outputs = program.run(inputs)
+    # The reference run also times the program. Under an emulator the time says little about
+    # the device, and each run is slow: a few runs, flagged.
+    emulated = bool(tc.run_prefix)
+    iters = min(vcfg.latency_iters, 3) if emulated else vcfg.latency_iters
+    outputs = program.run(inputs, iters=iters, warmup=1 if iters > 1 else 0)
     if len(outputs) != len(expected):
         raise EtbuildError(
             f"verification failed: the program returns {len(outputs)} outputs, eager "
@@ -159,6 +174,10 @@ def run(ctx: Context) -> None:
         "threads": program.ran_threads,
         **measured,
     }
+    if program.latency:
+        facts["latency"] = program.latency + (
+            " (emulated: not the device's speed)" if emulated else ""
+        )
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)
     if "sqnr_db" in facts:

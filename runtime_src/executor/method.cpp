@@ -538,7 +538,11 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
     const char* id = d->id() ? d->id()->c_str() : "";
     const Backend* backend = find_backend(id, d->id() ? d->id()->size() : 0);
     if (backend == nullptr)
-      return fail(Error::NotFound, "delegate %zu: no backend '%s' is registered", i, id);
+      return fail(Error::NotFound,
+                  "delegate %zu: no backend '%s' is registered in this runtime; run the "
+                  "program on a runtime built for it (etbuild links the backends a program's "
+                  "partitioner used)",
+                  i, id);
     if (!backend->is_available())
       return fail(Error::NotSupported, "delegate %zu: backend '%s' is not available", i, id);
     const fb::BackendDelegateDataReference* ref = d->processed();

@@ -283,7 +283,7 @@ def test_quant_options_are_validated() -> None:
             "+target=cortex_m target.compiler_prefix=no-such-arm-",
             r"no-such-arm-gcc is not on PATH.*apt-get install gcc-arm-none-eabi",
         ),
-        ("partitioner.name=xnnpack", r"partitioner\.name='xnnpack'.*no delegate partitioners"),
+        ("partitioner.name=xnnpack", r"partitioner 'xnnpack' has no _target_"),
     ],
 )
 def test_unsupported_options_are_rejected(

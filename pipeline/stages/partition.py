@@ -1,0 +1,40 @@
+"""The `partition` stage: the configured backend takes the nodes it runs, cut into acyclic
+partitions, each replaced by one delegate call (pipeline/partition.py); then every op left
+outside a delegate is checked against ``ops_yaml/``.
+
+Without a partitioner the stage does nothing: the lower stage has checked every op.
+"""
+
+from __future__ import annotations
+
+from ..partition import Rules, load_backend, partition_graph
+from ..runner import Context
+from .lower import check_ops
+
+
+def run(ctx: Context) -> None:
+    pcfg = ctx.cfg.partitioner
+    if pcfg.name == "none":
+        ctx.artifacts["partitions"] = None
+        ctx.summarize(partitions=0)
+        return
+    backend = load_backend(pcfg)
+    rules = Rules(
+        ops=list(pcfg.ops),
+        include_modules=list(pcfg.include_modules),
+        exclude_modules=list(pcfg.exclude_modules),
+        dtypes=list(pcfg.dtypes),
+        min_partition_size=pcfg.min_partition_size,
+    )
+    g = ctx.artifacts["graph"]
+    report = partition_graph(g, backend, rules)
+    ctx.artifacts["op_counts"] = check_ops(g)
+    ctx.artifacts["partitions"] = report.as_dict()
+    delegated = sum(p["flops"] for p in report.partitions)
+    ctx.summarize(
+        backend=backend.id,
+        partitions=len(report.partitions),
+        delegated_ops=sum(sum(p["ops"].values()) for p in report.partitions),
+        flops_share=f"{delegated / report.total_flops:.1%}" if report.total_flops else "0%",
+        refused=sum(r["calls"] for r in report.refused),
+    )
