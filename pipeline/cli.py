@@ -24,7 +24,16 @@ def check_supported(cfg: DictConfig) -> None:
         from .partition import load_backend
 
         load_backend(cfg.partitioner)  # an unimportable or malformed plug-in fails now
-    # The target's toolchain (compilers, NDK, qemu) must exist before any expensive stage, and
+    # The files the model and the calibration read must be usable,
+    if cfg.model.checkpoint:
+        from .stages.model import read_checkpoint
+
+        read_checkpoint(cfg.model.checkpoint)
+    if cfg.quant.scheme.value in ("ptq", "qat"):
+        from .quant.calibration import calibration_files
+
+        calibration_files(cfg.quant.calibration)
+    # the target's toolchain (compilers, NDK, qemu) must exist before any expensive stage, and
     # the programs and pinned kernels the selection names must be readable.
     resolve_toolchain(cfg.target, need_run=cfg.pipeline.verify.enabled)
     if cfg.selection.programs or cfg.selection.operators:

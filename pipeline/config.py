@@ -19,6 +19,51 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from .errors import EtbuildError
 
 
+def bounded(
+    default: Any = MISSING,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    power_of_two: bool = False,
+    each: bool = False,
+) -> Any:
+    """A numeric setting whose range validate() checks (``each``: every item of a list), so a
+    bad value fails when the config is composed, naming the key, not stages later."""
+    meta = {"ge": ge, "gt": gt, "le": le, "power_of_two": power_of_two, "each": each}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"range": meta})
+    return field(default=default, metadata={"range": meta})
+
+
+def _range_expectation(meta: dict) -> str:
+    parts = []
+    if meta["power_of_two"]:
+        parts.append("a power of two (1, 2, 4, 8, ...)")
+    if meta["ge"] is not None and meta["le"] is not None:
+        parts.append(f"from {meta['ge']:g} to {meta['le']:g}")
+    elif meta["ge"] is not None:
+        parts.append(f"{meta['ge']:g} or more")
+    elif meta["le"] is not None:
+        parts.append(f"{meta['le']:g} or less")
+    if meta["gt"] is not None:
+        parts.append(f"more than {meta['gt']:g}")
+    text = " and ".join(parts)
+    return f"a list of numbers each {text}" if meta["each"] else text
+
+
+def _in_range(value: Any, meta: dict) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True  # the schema's types are OmegaConf's to check
+    if meta["power_of_two"] and (value < 1 or int(value) != value or int(value) & int(value - 1)):
+        return False
+    if meta["ge"] is not None and value < meta["ge"]:
+        return False
+    if meta["le"] is not None and value > meta["le"]:
+        return False
+    return meta["gt"] is None or value > meta["gt"]
+
+
 class DType(Enum):
     """Element types an example input may have (values are torch dtype names)."""
 
@@ -41,7 +86,7 @@ class InputSpec:
     """
 
     name: str = MISSING
-    shape: list[int] = MISSING
+    shape: list[int] = bounded(ge=1, each=True)
     dtype: DType = DType.float32
     low: float | None = None
     high: float | None = None
@@ -54,8 +99,8 @@ class DynamicDim:
     name: str = MISSING
     input: str = MISSING
     dim: int = MISSING
-    min: int = 1
-    max: int = MISSING
+    min: int = bounded(1, ge=0)
+    max: int = bounded(ge=1)
 
 
 @dataclass
@@ -70,12 +115,12 @@ class ModelConfig:
     name: str = MISSING
     args: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None
-    seed: int = 0
+    seed: int = bounded(0, ge=0)
     inputs: list[InputSpec] = MISSING
     dynamic_dims: list[DynamicDim] = field(default_factory=list)
     # Random batches used to re-estimate batch-norm statistics of seeded weights.
-    bn_calibration_batches: int = 4
-    bn_calibration_batch_size: int = 8
+    bn_calibration_batches: int = bounded(4, ge=0)
+    bn_calibration_batch_size: int = bounded(8, ge=1)
 
 
 class QuantScheme(Enum):
@@ -113,7 +158,7 @@ class CalibrationConfig:
 
     _target_: str | None = None
     folder: str | None = None
-    num_batches: int = 8
+    num_batches: int = bounded(8, ge=1)
 
 
 @dataclass
@@ -138,7 +183,7 @@ class QatConfig:
     train_step: dict[str, Any] = field(
         default_factory=lambda: {"_target_": "etbuild.pipeline.quant.qat.DistillStep", "lr": 1e-3}
     )
-    steps: int = 20
+    steps: int = bounded(20, ge=0)
 
 
 @dataclass
@@ -174,7 +219,7 @@ class PartitionerConfig:
     include_modules: list[str] = field(default_factory=list)
     exclude_modules: list[str] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
-    min_partition_size: int = 1
+    min_partition_size: int = bounded(1, ge=1)
 
 
 class TargetKind(Enum):
@@ -230,7 +275,7 @@ class TargetConfig:
     toolchain_file: str | None = None
     ndk: str | None = None
     abi: str = "arm64-v8a"
-    api_level: int = 28
+    api_level: int = bounded(28, ge=1)
     qemu: str = "qemu-aarch64"
     qemu_sysroot: str = "/usr/aarch64-linux-gnu"
     cpu: str = "cortex-m4"
@@ -252,7 +297,7 @@ class BankConfig:
     """One memory bank. ``size_bytes`` caps what the planner may place in it."""
 
     name: str = "sram"
-    size_bytes: int | None = None
+    size_bytes: int | None = bounded(None, gt=0)
 
 
 @dataclass
@@ -260,7 +305,7 @@ class MemoryConfig:
     """The memory hierarchy: banks the planner places activations in. Absent: one flat bank."""
 
     planner: Planner = Planner.greedy
-    alignment: int = 16
+    alignment: int = bounded(16, power_of_two=True)
     # Let elementwise ops write their output over an input that dies at that op.
     in_place: bool = True
     banks: list[BankConfig] = field(default_factory=lambda: [BankConfig()])
@@ -300,8 +345,8 @@ class LowerConfig:
 class EmitConfig:
     """Program-file layout."""
 
-    constant_alignment: int = 16
-    segment_alignment: int = 128
+    constant_alignment: int = bounded(16, power_of_two=True)
+    segment_alignment: int = bounded(128, power_of_two=True)
 
 
 @dataclass
@@ -310,11 +355,11 @@ class VerifyConfig:
 
     enabled: bool = True
     # fp32: max abs error allowed, as a fraction of max |eager output|.
-    tolerance: float = 1e-4
+    tolerance: float = bounded(1e-4, gt=0)
     # Quantized: extra random inputs for SQNR and top-1 agreement.
-    eval_inputs: int = 8
+    eval_inputs: int = bounded(8, ge=0)
     # Runs of the reference input the runner times (median, p10, p90 in the report); 1: none.
-    latency_iters: int = 10
+    latency_iters: int = bounded(10, ge=1)
 
 
 @dataclass
@@ -352,8 +397,8 @@ class BuildConfig:
     """
 
     cache_dir: str | None = None
-    cache_max_gb: float | None = 10.0
-    size_budget_kb: float | None = None
+    cache_max_gb: float | None = bounded(10.0, gt=0)
+    size_budget_kb: float | None = bounded(None, gt=0)
     compare_all_ops: bool = True
     wheel: bool = True
 
@@ -425,17 +470,98 @@ def _unknown_keys(cfg: DictConfig) -> Iterator[tuple[str, str, list[str]]]:
 
 
 def _bad_values(cfg: DictConfig) -> Iterator[tuple[str, object, str]]:
-    """(full key, value, what is expected) for every string setting whose schema field has a
-    ``pattern`` (its metadata) that the value does not match in full."""
+    """(full key, value, what is expected) for every setting that breaks its schema field's
+    metadata: a ``pattern`` a string must match in full, or a numeric ``range``."""
     for path, node, schema in _typed_nodes(cfg, ""):
         for f in dataclasses.fields(schema):
-            pattern = f.metadata.get("pattern")
-            if pattern is None or f.name not in node or node._get_node(f.name)._is_missing():
+            if f.name not in node or node._get_node(f.name)._is_missing() or node[f.name] is None:
                 continue
             value = node[f.name]
-            if value is not None and not re.fullmatch(pattern, str(value)):
-                full = f"{path}.{f.name}" if path else f.name
+            full = f"{path}.{f.name}" if path else f.name
+            pattern = f.metadata.get("pattern")
+            if pattern is not None and not re.fullmatch(pattern, str(value)):
                 yield full, value, f.metadata.get("expected", f"a value matching {pattern}")
+            meta = f.metadata.get("range")
+            if meta is not None:
+                items = list(value) if meta["each"] else [value]
+                if not all(_in_range(v, meta) for v in items):
+                    shown = list(value) if meta["each"] else value
+                    yield full, shown, _range_expectation(meta)
+
+
+# The largest example input a build takes (each input, in bytes).
+MAX_INPUT_BYTES = 1 << 30
+_DTYPE_BYTES = {
+    DType.float32: 4, DType.float16: 2, DType.bfloat16: 2, DType.int64: 8, DType.int32: 4,
+    DType.int8: 1, DType.uint8: 1, DType.bool: 1,
+}  # fmt: skip
+
+
+def input_problems(mcfg: DictConfig) -> Iterator[str]:
+    """What is wrong with ``model.inputs`` and ``model.dynamic_dims``, each with its fix."""
+    names = [str(spec.name) for spec in mcfg.inputs]
+    for i, spec in enumerate(mcfg.inputs):
+        dtype = DType(spec.dtype)
+        nbytes = _DTYPE_BYTES[dtype]
+        for size in spec.shape:
+            nbytes *= max(int(size), 0)
+        if nbytes > MAX_INPUT_BYTES:
+            yield (
+                f"model.inputs.{i} ({spec.name}) of shape {list(spec.shape)} is "
+                f"{nbytes / 2**30:.1f} GiB, over the {MAX_INPUT_BYTES >> 30} GiB an example input "
+                "may take; give a smaller shape (a dynamic dim's max does not need the example)"
+            )
+        floating = dtype in (DType.float32, DType.float16, DType.bfloat16)
+        if (spec.low is None) != (spec.high is None) and floating:
+            yield (
+                f"model.inputs.{i} ({spec.name}): give both low and high (uniform) or neither "
+                "(standard normal)"
+            )
+        elif not floating and dtype != DType.bool and (spec.low is None or spec.high is None):
+            yield (
+                f"model.inputs.{i} ({spec.name}) has integer dtype {dtype.value}: set its value "
+                f"range with low and high, e.g. model.inputs.{i}.low=0 model.inputs.{i}.high=100"
+            )
+        elif spec.low is not None and spec.high is not None and spec.low >= spec.high:
+            yield (
+                f"model.inputs.{i} ({spec.name}): low={spec.low:g} must be below high={spec.high:g}"
+            )
+    for d in mcfg.dynamic_dims:
+        i = names.index(d.input) if d.input in names else -1
+        example = list(mcfg.inputs[i].shape) if i >= 0 else []
+        problem = dynamic_dim_problem(d, names, example)
+        if problem:
+            yield problem
+
+
+def dynamic_dim_problem(d: DictConfig, names: list[str], shape: list[int]) -> str | None:
+    """What is wrong with dynamic dim ``d`` of an input whose example has ``shape`` (the
+    export stage checks the tensors it traces the same way), or None."""
+    if d.input not in names:
+        return (
+            f"model.dynamic_dims[{d.name}].input={d.input!r} is not an input; "
+            f"inputs are: {', '.join(names)}"
+        )
+    rank = len(shape)
+    if not -rank <= d.dim < rank:
+        return (
+            f"model.dynamic_dims[{d.name}].dim={d.dim} is out of range for input "
+            f"{d.input!r} of rank {rank}"
+        )
+    example = int(shape[d.dim])
+    if not d.min <= example <= d.max:
+        return (
+            f"model.dynamic_dims[{d.name}]: the example size {example} of {d.input!r} dim "
+            f"{d.dim} is outside [min={d.min}, max={d.max}]; widen the range or change "
+            "the input shape"
+        )
+    if d.max < 2 or d.max <= d.min:
+        return (
+            f"model.dynamic_dims[{d.name}] allows sizes {d.min}..{d.max} only: a dynamic dim "
+            "needs max > min and max >= 2 (torch.export fixes sizes 0 and 1 as constants). "
+            "Widen the range, or remove the entry to build for the example size"
+        )
+    return None
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -459,4 +585,6 @@ def validate(cfg: DictConfig) -> DictConfig:
             f"these settings have no value: {', '.join(missing)}; set them on the command line "
             "(e.g. model._target_=my_pkg.make_model) or in your config"
         )
+    for problem in input_problems(cfg.model):
+        raise EtbuildError(problem)
     return cfg

@@ -99,11 +99,6 @@ def load_backend(pcfg: Any) -> Backend:
             f"partitioner {pcfg.name!r} has no _target_: set partitioner._target_ to the "
             "dotted path of a class or function that returns a backend"
         )
-    if pcfg.min_partition_size < 1:
-        raise EtbuildError(
-            f"partitioner.min_partition_size={pcfg.min_partition_size} is not valid: it must "
-            "be 1 or more"
-        )
     module_name, _, attr = str(target).rpartition(".")
     try:
         factory = getattr(importlib.import_module(module_name), attr)

@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from ..config import dynamic_dim_problem
 from ..errors import EtbuildError
 from ..runner import Context
 
@@ -17,31 +18,11 @@ def dynamic_shapes_for(mcfg, inputs: tuple[torch.Tensor, ...]) -> tuple | None:
     names = [s.name for s in mcfg.inputs]
     shapes: list[dict] = [{} for _ in names]
     for d in mcfg.dynamic_dims:
-        if d.input not in names:
-            raise EtbuildError(
-                f"model.dynamic_dims[{d.name}].input={d.input!r} is not an input; "
-                f"inputs are: {', '.join(names)}"
-            )
-        i = names.index(d.input)
+        i = names.index(d.input) if d.input in names else -1
+        problem = dynamic_dim_problem(d, names, list(inputs[i].shape) if i >= 0 else [])
+        if problem:
+            raise EtbuildError(problem)
         rank = inputs[i].dim()
-        if not -rank <= d.dim < rank:
-            raise EtbuildError(
-                f"model.dynamic_dims[{d.name}].dim={d.dim} is out of range for input "
-                f"{d.input!r} of rank {rank}"
-            )
-        example = inputs[i].shape[d.dim]
-        if not d.min <= example <= d.max:
-            raise EtbuildError(
-                f"model.dynamic_dims[{d.name}]: the example size {example} of {d.input!r} dim "
-                f"{d.dim} is outside [min={d.min}, max={d.max}]; widen the range or change "
-                "the input shape"
-            )
-        if d.max < 2 or d.max <= d.min:
-            raise EtbuildError(
-                f"model.dynamic_dims[{d.name}] allows sizes {d.min}..{d.max} only: a dynamic dim "
-                "needs max > min and max >= 2 (torch.export fixes sizes 0 and 1 as constants). "
-                "Widen the range, or remove the entry to build for the example size"
-            )
         shapes[i][d.dim % rank] = torch.export.Dim(d.name, min=d.min, max=d.max)
     return tuple(shapes)
 

@@ -69,19 +69,35 @@ def build_module(mcfg: DictConfig) -> torch.nn.Module:
     return module
 
 
-def load_checkpoint(module: torch.nn.Module, path: str) -> str:
-    """Load a state_dict file into ``module``; returns the file's hash."""
+def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """The state_dict in a checkpoint file (or under its "state_dict" key), checked to be a
+    dict of tensors; the command calls it before any stage runs."""
     file = Path(path).expanduser()
+    how = "save one with torch.save(model.state_dict(), path)"
     if not file.is_file():
-        raise EtbuildError(f"model.checkpoint={path!r}: no such file")
+        raise EtbuildError(f"model.checkpoint={path!r}: no such file; {how}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
         raise EtbuildError(
-            f"model.checkpoint={path!r} is not a loadable state_dict file: {exc}"
+            f"model.checkpoint={path!r}: torch.load cannot read it ({type(exc).__name__}); {how}"
         ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise EtbuildError(
+            f"model.checkpoint={path!r} holds a {type(state).__name__}, not a state_dict (names "
+            f"to tensors); {how}"
+        )
+    return state
+
+
+def load_checkpoint(module: torch.nn.Module, path: str) -> str:
+    """Load a state_dict file into ``module``; returns the file's hash."""
+    state = read_checkpoint(path)
+    file = Path(path).expanduser()
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -130,14 +130,14 @@ def test_bad_checkpoint_path_cli(tmp_path: Path) -> None:
     assert proc.returncode != 0, out
     assert "Traceback" not in out, out
     assert f"model.checkpoint='{missing}': no such file" in proc.stderr
-    assert manifest(run_dir)["status"] == "failed"
-    assert not (run_dir / "model.pte").exists()
+    # checked before any stage: nothing is written
+    assert not (run_dir / "manifest.json").exists() and not (run_dir / "model.pte").exists()
 
 
 def test_checkpoint_that_is_not_a_state_dict(tmp_path: Path) -> None:
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"this is not a torch file")
-    with pytest.raises(EtbuildError, match="not a loadable state_dict file"):
+    with pytest.raises(EtbuildError, match="torch.load cannot read it"):
         build_in_process(
             ["model=mlp", f"model.checkpoint={junk}", "pipeline.stop_after=model"],
             tmp_path / "run",
@@ -157,16 +157,17 @@ def test_checkpoint_for_another_model(tmp_path: Path) -> None:
 
 def test_sweep_goes_on_past_a_failing_job(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    missing = tmp_path / "missing.pt"
+    wrong = tmp_path / "wrong.pt"  # a checkpoint of another width: the model stage fails
+    torch.save(mlp(in_features=8).state_dict(), wrong)
     proc = run_cli(
-        ["-m", "model=mlp", f"model.checkpoint=null,{missing}", f"hydra.sweep.dir={sweep}"],
+        ["-m", "model=mlp", f"model.checkpoint=null,{wrong}", f"hydra.sweep.dir={sweep}"],
         tmp_path,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "Traceback" not in out, out
     assert "1 sweep job(s) failed" in proc.stderr
-    assert "no such file" in proc.stderr
+    assert "does not fit the model" in proc.stderr
     # (a path-valued override puts slashes in the job's subdir name: search the whole tree)
     runs = {manifest(p.parent)["status"]: p.parent for p in sweep.rglob("manifest.json")}
     assert set(runs) == {"ok", "failed"}
