@@ -108,45 +108,6 @@ Error native_layer_norm_out(KernelContext& ctx, const Tensor& input,
 
 namespace {
 
-// A reduction over some dims of a tensor: which dims go, the output's sizes, and how many
-// input elements each output element reduces.
-struct Reduction {
-  bool reduce[kMaxDim] = {};
-  int64_t osz[kMaxDim] = {};
-  int od = 0;
-  int64_t count = 1;
-  bool innermost = true;  // the reduced dims are the last ones: each group is a contiguous run
-};
-
-// The dims of `dims` (every dim when `dims` is empty) removed from self, or kept as size 1.
-Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim, const char* op,
-                     Reduction* r) {
-  const int nd = self.dim();
-  if (dims.size() == 0) {
-    for (int i = 0; i < nd; ++i) r->reduce[i] = true;
-  } else {
-    for (int64_t d : dims) {
-      int64_t w = 0;
-      ETB_TRY(wrap_dim(d, nd, &w, op));
-      if (nd > 0) {
-        if (r->reduce[w])
-          return fail(Error::InvalidArgument, "%s: dim %lld repeated", op, (long long)d);
-        r->reduce[w] = true;
-      }
-    }
-  }
-  for (int i = 0; i < nd; ++i) {
-    if (r->reduce[i]) {
-      r->count *= self.size(i);
-      if (keepdim) r->osz[r->od++] = 1;
-    } else {
-      r->osz[r->od++] = self.size(i);
-      if (i > 0 && r->reduce[i - 1]) r->innermost = false;  // a kept dim after a reduced one
-    }
-  }
-  return Error::Ok;
-}
-
 // Where a reduction's groups lie in the input: output element o's group starts at base(o)
 // and its j-th element is at base(o) + step(j).
 class GroupOffsets {

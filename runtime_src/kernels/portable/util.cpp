@@ -103,6 +103,34 @@ void make_broadcast2(const Tensor& a, const Tensor& b, Span<const int64_t> out_s
   p->dim = m;
 }
 
+Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim, const char* op,
+                     Reduction* r) {
+  const int nd = self.dim();
+  if (dims.size() == 0) {
+    for (int i = 0; i < nd; ++i) r->reduce[i] = true;
+  } else {
+    for (int64_t d : dims) {
+      int64_t w = 0;
+      ETB_TRY(wrap_dim(d, nd, &w, op));
+      if (nd > 0) {
+        if (r->reduce[w])
+          return fail(Error::InvalidArgument, "%s: dim %lld repeated", op, (long long)d);
+        r->reduce[w] = true;
+      }
+    }
+  }
+  for (int i = 0; i < nd; ++i) {
+    if (r->reduce[i]) {
+      r->count *= self.size(i);
+      if (keepdim) r->osz[r->od++] = 1;
+    } else {
+      r->osz[r->od++] = self.size(i);
+      if (i > 0 && r->reduce[i - 1]) r->innermost = false;  // a kept dim after a reduced one
+    }
+  }
+  return Error::Ok;
+}
+
 }  // namespace native
 
 // Compiled with the kernel flags (ETB_ARCH), so it names the path the kernels took.

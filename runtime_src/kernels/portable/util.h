@@ -244,5 +244,20 @@ void parallel_range(const KernelContext& ctx, int64_t n, int64_t unit_cost, F&& 
 #endif
 }
 
+/// A reduction over some dims of a tensor: which dims go, the output's sizes, and how many
+/// input elements each output element reduces.
+struct Reduction {
+  bool reduce[kMaxDim] = {};
+  int64_t osz[kMaxDim] = {};
+  int od = 0;
+  int64_t count = 1;
+  bool innermost = true;  // the reduced dims are the last ones: each group is a contiguous run
+};
+
+/// Plans the reduction of `dims` of self (every dim when `dims` is empty), the reduced dims
+/// removed or, with `keepdim`, kept as size 1; fails on a repeated or out-of-range dim.
+Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim, const char* op,
+                     Reduction* r);
+
 }  // namespace native
 }  // namespace etb

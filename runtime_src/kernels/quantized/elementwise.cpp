@@ -369,26 +369,11 @@ Error mean_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (dim.size() == 0)
     return fail(Error::NotSupported, "%s: an empty dim list (reduce all) is not supported", op);
   if (nd == 0) return fail(Error::NotSupported, "%s: 0-d input", op);
-  bool reduced[kMaxDim] = {};
-  for (size_t i = 0; i < dim.size(); ++i) {
-    int64_t d = 0;
-    ETB_TRY(native::wrap_dim(dim[i], nd, &d, op));
-    if (reduced[d])
-      return fail(Error::InvalidArgument, "%s: dim %lld is repeated", op, (long long)d);
-    reduced[d] = true;
-  }
-  int64_t osz[kMaxDim];
-  int ond = 0;
-  int64_t count = 1;
-  for (int d = 0; d < nd; ++d) {
-    if (reduced[d]) {
-      count *= input.size(d);
-      if (keepdim) osz[ond++] = 1;
-    } else {
-      osz[ond++] = input.size(d);
-    }
-  }
-  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(ond))));
+  native::Reduction plan;
+  ETB_TRY(native::plan_reduction(input, dim, keepdim, op, &plan));
+  const bool* reduced = plan.reduce;
+  const int64_t count = plan.count;
+  ETB_TRY(native::resize_to(out, plan.osz, plan.od));
   if (out.numel() == 0) return Error::Ok;
   if (count == 0) return fail(Error::InvalidArgument, "%s: mean over an empty dimension", op);
   const int64_t on = out.numel();
@@ -619,30 +604,12 @@ Error amax_out(KernelContext& ctx, const Tensor& input, Span<const int64_t> dim,
   ETB_TRY(expect_char(input, op, "input"));
   ETB_TRY(expect_char(out, op, "out"));
   const int nd = input.dim();
-  bool reduced[kMaxDim] = {};
-  for (size_t i = 0; i < dim.size(); ++i) {
-    int64_t d = 0;
-    ETB_TRY(native::wrap_dim(dim[i], nd, &d, op));
-    if (nd == 0) continue;
-    if (reduced[d])
-      return fail(Error::InvalidArgument, "%s: dim %lld is repeated", op, (long long)dim[i]);
-    reduced[d] = true;
-  }
-  if (dim.size() == 0)
-    for (int d = 0; d < nd; ++d) reduced[d] = true;  // no dims: every dim
-  int64_t osz[kMaxDim];
-  int ond = 0;
-  int64_t count = 1;
-  for (int d = 0; d < nd; ++d) {
-    if (reduced[d]) {
-      count *= input.size(d);
-      if (keepdim) osz[ond++] = 1;
-    } else {
-      osz[ond++] = input.size(d);
-    }
-  }
+  native::Reduction plan;
+  ETB_TRY(native::plan_reduction(input, dim, keepdim, op, &plan));
+  const bool* reduced = plan.reduce;
+  const int64_t count = plan.count;
   if (count == 0) return fail(Error::InvalidArgument, "%s: cannot reduce over a dim of size 0", op);
-  ETB_TRY(out.resize(Span<const int64_t>(osz, size_t(ond))));
+  ETB_TRY(native::resize_to(out, plan.osz, plan.od));
   const int64_t on = out.numel();
   if (on == 0) return Error::Ok;
   const int8_t* x = input.data_as<int8_t>();
