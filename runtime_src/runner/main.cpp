@@ -110,8 +110,9 @@ void* aligned_buffer(size_t n) {
   return g_buffers.back().get();
 }
 
-int usage() {
-  fprintf(stderr,
+// The usage text; --help prints it to stdout (exit 0), a bad command line to stderr (exit 2).
+int usage(FILE* to = stderr) {
+  fprintf(to,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
           "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
           "                  [--instruction-budget N] [--no-prepare]\n"
@@ -120,14 +121,20 @@ int usage() {
           "             then packs its own)\n"
           "--instruction-budget stops a run after N instructions (default: from the program)\n"
           "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
-          "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n");
-  return 2;
+          "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
+          "Runs the method --iters times after --warmup runs and prints each output's sum and\n"
+          "hash, the kernels' SIMD path, the thread count and the latency (median, p10, p90).\n"
+          "A .etbt file is one tensor, little-endian: \"ETBT\", u32 version 1, u32 dtype (6 Float,\n"
+          "4 Long, 3 Int, 1 Char, 11 Bool), u32 ndim, ndim x i64 sizes, row-major data. A build's\n"
+          "reference inputs as .etbt: python -m etbuild.pipeline.etbt RUN/reference.pt DIR\n");
+  return to == stdout ? 0 : 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return usage(stdout);
   if (!strcmp(argv[1], "--isa")) {  // the SIMD path the kernels were compiled for (ETB_ARCH)
     if (argc != 2) return usage();
     printf("%s\n", etb::kernel_isa());

@@ -15,7 +15,6 @@ import torch
 from rt_helpers import assert_matches, build_with_executorch
 
 ZOO = ("mobilenet", "mobilenet_v3_small", "resnet18", "mlp", "transformer")
-RUNTIME_SRC = Path(__file__).resolve().parents[2] / "runtime_src"
 
 
 @pytest.mark.e2e
@@ -101,13 +100,24 @@ def _runner() -> str:
     return exe
 
 
+def test_runner_help_prints_usage_and_the_etbt_format():
+    res = subprocess.run([_runner(), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: etb_runner PROGRAM.pte [--input FILE.etbt]")
+    assert "A .etbt file is one tensor" in res.stdout
+    assert "python -m etbuild.pipeline.etbt RUN/reference.pt DIR" in res.stdout
+    bad = subprocess.run([_runner(), "x.pte", "--bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("usage: etb_runner")
+
+
 @pytest.mark.e2e
 def test_runner_cli(zoo_build, tmp_path):
     run_dir = zoo_build("mobilenet_v3_small")
     subprocess.run(
         [
             sys.executable,
-            str(RUNTIME_SRC / "runner" / "dump_inputs.py"),
+            "-m",
+            "etbuild.pipeline.etbt",
             str(run_dir / "reference.pt"),
             str(tmp_path),
         ],

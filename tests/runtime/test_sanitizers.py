@@ -23,7 +23,6 @@ pytestmark = pytest.mark.skipif(
 
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
 BUILD_ROOT = Path(__file__).resolve().parents[2] / "build"
-RUNTIME_SRC = Path(__file__).resolve().parents[2] / "runtime_src"
 ENV = {
     **os.environ,
     "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=1",
@@ -63,8 +62,7 @@ def _check(res: subprocess.CompletedProcess, ok_codes=(0, 1)) -> None:
 
 def _inputs(run_dir: Path, out: Path) -> list[str]:
     subprocess.run(
-        [sys.executable, str(RUNTIME_SRC / "runner" / "dump_inputs.py"),
-         str(run_dir / "reference.pt"), str(out)],
+        [sys.executable, "-m", "etbuild.pipeline.etbt", str(run_dir / "reference.pt"), str(out)],
         check=True, capture_output=True,
     )  # fmt: skip
     return [a for p in sorted(out.glob("input_*.etbt")) for a in ("--input", str(p))]
