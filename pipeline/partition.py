@@ -18,7 +18,7 @@ import inspect
 import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import fx
@@ -27,6 +27,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils.flop_counter import flop_registry
 
+from . import passes
 from .errors import EtbuildError
 from .graph import Graph, origin_of, source_of
 from .ir import Delegate
@@ -67,7 +68,7 @@ class DelegatedPartition:
     graph: Graph
     ops: dict[str, int]
     flops: int
-    __name__: str = "delegate"
+    __name__: ClassVar[str] = "delegate"  # what FX names the node after
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.graph.execute(*inputs))
@@ -151,7 +152,11 @@ def _dtypes(node: fx.Node) -> set[str]:
 def node_flops(node: fx.Node) -> int:
     """Floating-point (or integer) operations of one node: torch's formula where it has one
     (convolution, matrix products, attention), else one per output element; 0 for views."""
-    if node.target is operator.getitem or not isinstance(node.target, torch._ops.OpOverload):
+    if (
+        node.target is operator.getitem
+        or not isinstance(node.target, torch._ops.OpOverload)
+        or passes.is_pure_view(node)
+    ):
         return 0
     formula = flop_registry.get(node.target.overloadpacket)
     if formula is not None:
@@ -195,9 +200,9 @@ class Rules:
 class _Support(OperatorSupportBase):
     """The backend's check and the config's rules, remembering each refusal's reason."""
 
-    def __init__(self, g: Graph, backend: Backend, rules: Rules) -> None:
+    def __init__(self, backend: Backend, rules: Rules) -> None:
         super().__init__()
-        self.g, self.backend, self.rules = g, backend, rules
+        self.backend, self.rules = backend, rules
         self.reasons: dict[fx.Node, str] = {}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
@@ -217,7 +222,7 @@ def partition_graph(g: Graph, backend: Backend, rules: Rules) -> PartitionReport
     compute = [n for n in g.call_nodes() if n.target is not operator.getitem]
     report.total_flops = sum(node_flops(n) for n in compute)
     gm = fx.GraphModule(torch.nn.Module(), g.fx_graph)
-    support = _Support(g, backend, rules)
+    support = _Support(backend, rules)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     chosen = []
     for p in partitioner.propose_partitions():

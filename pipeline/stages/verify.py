@@ -6,7 +6,7 @@ run here (android, cortex_m), the report says the runtime was built but not run.
 reports it; for a target that cannot run here, the path its compile flags give (build stage).
 The runner runs at ``target.threads`` (``--threads``); ``threads`` is the count it reports.
 ``latency``: the runner's median, p10 and p90 over ``pipeline.verify.latency_iters`` runs of the
-reference input (after one warm-up run); under qemu at most 3 runs, flagged as emulated.
+reference input (after one warm-up run); under qemu 2 runs and no warm-up, flagged as emulated.
 
 fp32 programs must match the eager outputs within ``pipeline.verify.tolerance`` x max|eager|.
 Quantized programs are measured instead: SQNR (dB) against the fp32 eager model and top-1
@@ -156,8 +156,8 @@ def run(ctx: Context) -> None:
     # The reference run also times the program. Under an emulator the time says little about
     # the device, and each run is slow: a few runs, flagged.
     emulated = bool(tc.run_prefix)
-    iters = min(vcfg.latency_iters, 3) if emulated else vcfg.latency_iters
-    outputs = program.run(inputs, iters=iters, warmup=1 if iters > 1 else 0)
+    iters = min(vcfg.latency_iters, 2) if emulated else vcfg.latency_iters
+    outputs = program.run(inputs, iters=iters, warmup=1 if iters > 1 and not emulated else 0)
     if len(outputs) != len(expected):
         raise EtbuildError(
             f"verification failed: the program returns {len(outputs)} outputs, eager "

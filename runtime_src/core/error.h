@@ -6,7 +6,7 @@
 namespace etb {
 
 /// Every failure in the runtime is one of these codes; never an exception or a crash.
-enum class Error : uint32_t {
+enum class [[nodiscard]] Error : uint32_t {
   Ok = 0,
   Internal = 1,
   InvalidArgument = 2,    ///< A caller-supplied value is wrong (dtype, shape, index).

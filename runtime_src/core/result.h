@@ -9,9 +9,10 @@
 
 namespace etb {
 
-/// Holds either a T or a non-Ok Error. Check ok() before value().
+/// Holds either a T or a non-Ok Error. Check ok() before value(): value() of an error is a
+/// bug in the caller, and stops the program (a trap) rather than read garbage.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(Error e) : error_(e == Error::Ok ? Error::Internal : e) {}  // NOLINT: implicit
   Result(T&& v) : error_(Error::Ok) { new (&storage_) T(std::move(v)); }  // NOLINT
@@ -31,8 +32,14 @@ class Result {
   /// The error (Ok when a value is held).
   Error error() const { return error_; }
   /// The held value; only valid when ok().
-  T& value() { return *reinterpret_cast<T*>(&storage_); }
-  const T& value() const { return *reinterpret_cast<const T*>(&storage_); }
+  T& value() {
+    if (!ok()) __builtin_trap();
+    return *reinterpret_cast<T*>(&storage_);
+  }
+  const T& value() const {
+    if (!ok()) __builtin_trap();
+    return *reinterpret_cast<const T*>(&storage_);
+  }
   T* operator->() { return &value(); }
   T& operator*() { return value(); }
 

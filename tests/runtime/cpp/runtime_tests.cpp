@@ -66,11 +66,10 @@ int main(int argc, char** argv) {
   static ScaleBackend available(true), unavailable(false);
   if (strcmp(mode, "nokernels") != 0 && etb::register_all_kernels() != etb::Error::Ok)
     return error_exit("register");
-  if (strcmp(mode, "unavailable") == 0) {
-    etb::register_backend("EtbTestBackend", &unavailable);
-  } else if (strcmp(mode, "nobackend") != 0) {
-    etb::register_backend("EtbTestBackend", &available);
-  }
+  const etb::Backend* backend = strcmp(mode, "unavailable") == 0 ? &unavailable : &available;
+  if (strcmp(mode, "nobackend") != 0 &&
+      etb::register_backend("EtbTestBackend", backend) != etb::Error::Ok)
+    return error_exit("register backend");
 
   std::vector<uint8_t> file;  // for the buffer loader: the whole file, 16-byte aligned
   alignas(16) static uint8_t storage[1 << 20];
