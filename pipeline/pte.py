@@ -12,6 +12,7 @@ only the root offset moves.
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
 import flatbuffers
@@ -58,6 +59,30 @@ def serialize(program, segments: list[bytes], segment_alignment: int) -> bytes:
     out += b"\0" * (base - len(out))
     out += data
     return bytes(out)
+
+
+# The named data entry whose segment holds the program's checksums (runtime_src/executor/
+# program.cpp verifies them at load): "ETCS", u32 version 1, u32 count, then a CRC-32 of the
+# flatbuffer's bytes (file offset 0 to the program size) and of every other segment, in order.
+CHECKSUMS_KEY = "etbuild.checksums"
+_CHECKSUMS = struct.Struct("<4sII")
+
+
+def checksums_size(num_segments: int) -> int:
+    """Bytes of the checksum segment of a program with ``num_segments`` segments (its own
+    included)."""
+    return _CHECKSUMS.size + 4 * num_segments
+
+
+def write_checksums(data: bytes, index: int) -> bytes:
+    """``data`` with its checksum segment (segment ``index``, of checksums_size bytes) filled."""
+    f = read(data)
+    _, _, program_size, _, _ = _HEADER.unpack_from(data, 8)
+    crcs = [zlib.crc32(data[:program_size])]
+    crcs += [zlib.crc32(f.segment(i)) for i in range(len(f.program.segments)) if i != index]
+    body = _CHECKSUMS.pack(b"ETCS", 1, len(crcs)) + struct.pack(f"<{len(crcs)}I", *crcs)
+    start = f.segment_base + f.program.segments[index].offset
+    return data[:start] + body + data[start + len(body) :]
 
 
 def segment_layout(sizes: list[int], segment_alignment: int) -> list[tuple[int, int]]:

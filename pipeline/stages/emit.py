@@ -278,9 +278,9 @@ def _schema_modules() -> dict[str, Any]:
         "AllocationDetails", "BackendDelegate", "BackendDelegateDataReference", "Bool",
         "BoolList", "Chain", "CompileSpec", "ContainerMetadata", "DataLocation", "DataSegment",
         "DelegateCall", "Double", "DoubleList", "EValue", "ExecutionPlan", "Instruction",
-        "InstructionArguments", "Int", "IntList", "KernelCall", "KernelTypes", "Null",
-        "Operator", "OptionalTensorList", "Program", "String", "SubsegmentOffsets", "Tensor",
-        "TensorList",
+        "InstructionArguments", "Int", "IntList", "KernelCall", "KernelTypes", "NamedData",
+        "Null", "Operator", "OptionalTensorList", "Program", "String", "SubsegmentOffsets",
+        "Tensor", "TensorList",
     ]  # fmt: skip
     return {n: importlib.import_module(f"etbuild.schema.{n}") for n in names}
 
@@ -326,7 +326,13 @@ def emit_program(
     prog.executionPlan = [plan_t]
     prog.constantBuffer = []
     prog.backendDelegateData = []
+    # Last, the checksums of the flatbuffer and the other segments (filled in once serialized),
+    # found by the runtime through a named data entry, which ExecuTorch's runtime ignores.
     segments = [constants, *e.blobs]
+    segments.append(bytes(pte.checksums_size(len(segments) + 1)))
+    named = m["NamedData"].NamedDataT()
+    named.key, named.segmentIndex = pte.CHECKSUMS_KEY, len(segments) - 1
+    prog.namedData = [named]
     prog.segments = []
     for offset, size in pte.segment_layout([len(s) for s in segments], segment_alignment):
         seg = m["DataSegment"].DataSegmentT()
@@ -336,7 +342,7 @@ def emit_program(
     cs.segmentIndex = 0
     cs.offsets = e.constant_offsets
     prog.constantSegment = cs
-    data = pte.serialize(prog, segments, segment_alignment)
+    data = pte.write_checksums(pte.serialize(prog, segments, segment_alignment), len(segments) - 1)
     facts = {
         "values": len(e.values),
         "instructions": len(instructions),

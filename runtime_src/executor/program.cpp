@@ -1,5 +1,6 @@
 #include "executor/program.h"
 
+#include <array>
 #include <cstring>
 
 #include "executor/method.h"
@@ -28,9 +29,73 @@ bool is_aligned(const void* p, size_t align) {
   return (reinterpret_cast<uintptr_t>(p) & (align - 1)) == 0;
 }
 
+// CRC-32 of n bytes (IEEE 802.3, reflected; the value zlib.crc32 gives).
+uint32_t crc32(const uint8_t* p, size_t n) {
+  static constexpr auto kTable = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) c = kTable[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+// The named data entry under which etbuild stores a program's checksums: a segment of
+// "ETCS", u32 version 1, u32 count, then count CRC-32s: the flatbuffer's bytes (file offset 0
+// to the program size), then each other segment in order.
+constexpr const char* kChecksumsKey = "etbuild.checksums";
+
+// Checks the program's content against its checksums; Ok when it carries none (ExecuTorch's
+// programs do not).
+Error verify_content(const fb::Program* program, const uint8_t* data, size_t program_size,
+                     const uint8_t* segments) {
+  const auto* named = program->named_data();
+  const auto* segs = program->segments();
+  if (named == nullptr || segs == nullptr) return Error::Ok;
+  const fb::NamedData* entry = nullptr;
+  for (const fb::NamedData* n : *named)
+    if (n->key() != nullptr && strcmp(n->key()->c_str(), kChecksumsKey) == 0) entry = n;
+  if (entry == nullptr) return Error::Ok;
+  const uint32_t own = entry->segment_index();
+  if (own >= segs->size())
+    return fail(Error::InvalidProgram, "checksums: segment %u does not exist", unsigned(own));
+  const fb::DataSegment* cs = segs->Get(own);
+  const uint8_t* c = segments + cs->offset();  // bounds checked with every segment
+  const uint64_t count = segs->size();          // the flatbuffer and the other segments
+  if (cs->size() < 12 || memcmp(c, "ETCS", 4) != 0 || read_u32(c + 4) != 1 ||
+      read_u32(c + 8) != count || cs->size() < 12 + 4 * count)
+    return fail(Error::InvalidProgram,
+                "the program's checksum segment is malformed: the file is corrupt; rebuild it "
+                "or copy it again");
+  uint32_t want = read_u32(c + 12), got = crc32(data, program_size);
+  if (got != want)
+    return fail(Error::InvalidProgram,
+                "the program's flatbuffer does not match its checksum (crc32 %08x, recorded "
+                "%08x): the file is corrupt; rebuild it or copy it again",
+                unsigned(got), unsigned(want));
+  uint32_t k = 1;
+  for (uint32_t i = 0; i < segs->size(); ++i) {
+    if (i == own) continue;
+    const fb::DataSegment* s = segs->Get(i);
+    want = read_u32(c + 12 + 4 * k++);
+    got = crc32(segments + s->offset(), size_t(s->size()));
+    if (got != want)
+      return fail(Error::InvalidProgram,
+                  "segment %u of the program does not match its checksum (crc32 %08x, recorded "
+                  "%08x): the file is corrupt; rebuild it or copy it again",
+                  unsigned(i), unsigned(got), unsigned(want));
+  }
+  return Error::Ok;
+}
+
 }  // namespace
 
-Result<Program> Program::load(const DataLoader* loader) {
+Result<Program> Program::load(const DataLoader* loader, bool verify_checksums) {
   const size_t file_size = loader->size();
   if (file_size < kHeaderOffset + 4)
     return fail(Error::InvalidProgram, "program is %zu bytes: too small to be a program",
@@ -103,6 +168,8 @@ Result<Program> Program::load(const DataLoader* loader) {
   }
   if (program->execution_plan() == nullptr || program->execution_plan()->size() == 0)
     return fail(Error::InvalidProgram, "program has no methods");
+  if (verify_checksums)
+    ETB_TRY(verify_content(program, data, program_size, segment_ptr));
   return Program(loader, program, segment_ptr, segment_size);
 }
 

@@ -68,8 +68,10 @@ class MethodMeta {
 class Program {
  public:
   /// Verifies and loads a program: flatbuffer verifier first, then the extended header
-  /// and segment bounds. Constant data stays in the loader's memory.
-  static Result<Program> load(const DataLoader* loader);
+  /// and segment bounds, then (with `verify_checksums`, when the program carries them: etbuild
+  /// writes a CRC-32 of the flatbuffer and of each segment) the content, in one pass. Constant
+  /// data stays in the loader's memory.
+  static Result<Program> load(const DataLoader* loader, bool verify_checksums = true);
 
   size_t num_methods() const;
   /// Name of method i.

@@ -115,11 +115,12 @@ int usage(FILE* to = stderr) {
   fprintf(to,
           "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
           "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
-          "                  [--instruction-budget N] [--no-prepare]\n"
+          "                  [--instruction-budget N] [--no-prepare] [--no-checksums]\n"
           "       etb_runner --isa\n"
           "--no-prepare leaves the weights as the program stores them (less memory; each call\n"
           "             then packs its own)\n"
           "--instruction-budget stops a run after N instructions (default: from the program)\n"
+          "--no-checksums skips checking the program's content against its checksums\n"
           "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
           "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
           "Runs the method --iters times after --warmup runs and prints each output's sum and\n"
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
   std::vector<const char*> input_paths;
   int iters = 10, warmup = 1, threads = 1;
   long long budget = 0;  // 0: the program's default
-  bool profile = false, prepare = true;
+  bool profile = false, prepare = true, checksums = true;
   const char* output_dir = nullptr;
   for (int i = 2; i < argc; ++i) {
     if (!strcmp(argv[i], "--input") && i + 1 < argc) input_paths.push_back(argv[++i]);
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--method") && i + 1 < argc) method_name = argv[++i];
     else if (!strcmp(argv[i], "--profile")) profile = true;
     else if (!strcmp(argv[i], "--no-prepare")) prepare = false;
+    else if (!strcmp(argv[i], "--no-checksums")) checksums = false;
     else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) output_dir = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--instruction-budget") && i + 1 < argc) budget = atoll(argv[++i]);
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
   };
   etb::Result<etb::FileDataLoader> loader = etb::FileDataLoader::open(path);
   if (!loader.ok()) return die("open");
-  etb::Result<etb::Program> program = etb::Program::load(&loader.value());
+  etb::Result<etb::Program> program = etb::Program::load(&loader.value(), checksums);
   if (!program.ok()) return die("load");
   etb::Result<etb::MethodMeta> meta = program->method_meta(method_name);
   if (!meta.ok()) return die("method");

@@ -61,6 +61,36 @@ def test_truncated(rt, zoo_build, tmp_path):
             prog.run([torch.randn(4, 64)])
 
 
+def _segment(data: bytes, index: int) -> tuple[int, int]:
+    """(file offset, size) of segment ``index`` of a program file."""
+    from etbuild.pipeline import pte
+
+    f = pte.read(data)
+    seg = f.program.segments[index]
+    return f.segment_base + seg.offset, seg.size
+
+
+def test_a_corrupted_program_is_an_error_not_a_wrong_answer(rt, zoo_build, tmp_path):
+    """Checksums (emit writes them; load checks them): a changed weight, two bytes slipped
+    into the constant segment, a changed flatbuffer byte each fail at load."""
+    data = (zoo_build("mlp") / "model.pte").read_bytes()
+    start, size = _segment(data, 0)  # the constant segment
+    flipped = bytearray(data)
+    flipped[start + size // 2] ^= 0x40
+    inserted = data[: start + 100] + b"\x00\x7f" + data[start + 100 :]
+    fb = bytearray(data)
+    fb[_program_size(data) - 3] ^= 1
+    for name, bad, message in [
+        ("flipped", bytes(flipped), "segment 0 of the program does not match its checksum"),
+        ("inserted", inserted, "the file is corrupt; rebuild it or copy it again"),
+        ("flatbuffer", bytes(fb), "(checksum|failed verification)"),
+    ]:
+        p = tmp_path / f"{name}.pte"
+        p.write_bytes(bad)
+        with pytest.raises(rt.Error, match=message):
+            rt.load(str(p)).run([torch.randn(4, 64)])
+
+
 def test_wrong_inputs(rt, zoo_build):
     prog = rt.load(str(zoo_build("mobilenet") / "model.pte"))
     x = torch.randn(1, 3, 224, 224)
