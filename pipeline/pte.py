@@ -42,7 +42,8 @@ def align_up(n: int, alignment: int) -> int:
 
 
 def serialize(program, segments: list[bytes], segment_alignment: int) -> bytes:
-    """A .pte file from a ``ProgramT`` whose ``segments`` already describe ``segments``."""
+    """A .pte file from a ``ProgramT`` whose ``segments`` already describe ``segments``; when
+    the program names a checksum segment (``CHECKSUMS_KEY``), its checksums are filled in."""
     builder = flatbuffers.Builder(1 << 16)
     builder.Finish(program.Pack(builder), file_identifier=FILE_IDENTIFIER)
     fb = bytes(builder.Output())
@@ -58,6 +59,10 @@ def serialize(program, segments: list[bytes], segment_alignment: int) -> bytes:
     out += fb[4:8] + header + fb[8:]
     out += b"\0" * (base - len(out))
     out += data
+    for named in program.namedData or []:
+        key = named.key.decode() if isinstance(named.key, bytes) else named.key
+        if key == CHECKSUMS_KEY:
+            return write_checksums(bytes(out), named.segmentIndex)
     return bytes(out)
 
 

@@ -342,7 +342,7 @@ def emit_program(
     cs.segmentIndex = 0
     cs.offsets = e.constant_offsets
     prog.constantSegment = cs
-    data = pte.write_checksums(pte.serialize(prog, segments, segment_alignment), len(segments) - 1)
+    data = pte.serialize(prog, segments, segment_alignment)
     facts = {
         "values": len(e.values),
         "instructions": len(instructions),
