@@ -400,7 +400,9 @@ struct TensorArgSpec {
 
 // Checks one tensor argument: a dtype this runtime is built with, a contiguous dim order,
 // writable when written and, when not at load (inputs get their memory later), data present.
-Error check_tensor_arg(const Tensor& t, const TensorArgSpec& a, bool at_load) {
+// (Unused when the selection has no operator: a program that runs in delegates only.)
+[[maybe_unused]] Error check_tensor_arg(const Tensor& t, const TensorArgSpec& a,
+                                        bool at_load) {
   if (!dtype_in(a.selected, t.dtype())) {
     char names[128];
     if (dtype_in(a.supported, t.dtype()))

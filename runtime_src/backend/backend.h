@@ -9,6 +9,7 @@
 #include "core/memory_allocator.h"
 #include "core/result.h"
 #include "core/span.h"
+#include "kernel/parallel.h"
 
 namespace etb {
 
@@ -20,9 +21,26 @@ struct CompileSpec {
   size_t value_size;
 };
 
-/// What a backend gets at init: the method's allocator for its handle state.
+/// Data a program stores by key (its named_data table, each entry a segment). ExecuTorch's
+/// XNNPACK blobs keep their weights there.
+class NamedDataMap {
+ public:
+  virtual ~NamedDataMap() = default;
+  /// The bytes stored under `key`; NotFound when there are none.
+  virtual Result<Span<const uint8_t>> named_data(const char* key, size_t key_size) const = 0;
+};
+
+/// What a backend gets at init: the method's allocator for its handle state, and the
+/// program's named data (which outlives the method).
 struct BackendInitContext {
   MemoryAllocator* allocator;
+  const NamedDataMap* named_data;
+};
+
+/// What a backend gets at each execute: the threads the method's kernels use (nullptr: the
+/// calling thread only); a backend with its own thread pool sizes it to match.
+struct BackendExecuteContext {
+  Parallel* parallel;
 };
 
 /// A delegate implementation. Subclasses are registered once, by id.
@@ -35,7 +53,7 @@ class Backend {
   virtual Result<void*> init(BackendInitContext& ctx, Span<const uint8_t> processed,
                              Span<const CompileSpec> specs) const = 0;
   /// Runs the delegate on `args` (inputs then outputs, as the program lists them).
-  virtual Error execute(void* handle, Span<EValue*> args) const = 0;
+  virtual Error execute(BackendExecuteContext& ctx, void* handle, Span<EValue*> args) const = 0;
   /// Releases what init acquired.
   virtual void destroy(void* handle) const = 0;
 };

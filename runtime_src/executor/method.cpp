@@ -569,7 +569,7 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
                              cs->value() ? cs->value()->data() : nullptr,
                              cs->value() ? cs->value()->size() : 0};
     }
-    BackendInitContext ctx{st.alloc};
+    BackendInitContext ctx{st.alloc, this};
     Result<void*> handle = backend->init(ctx, blob, Span<const CompileSpec>(specs, nspecs));
     if (!handle.ok()) {
       prefix_error_message("delegate %zu (%s): ", i, id);
@@ -811,7 +811,8 @@ Error Method::execute() {
       }
       case Kind::Delegate: {
         const Delegate& d = delegates_[in.a];
-        Error e = d.backend->execute(d.handle, Span<EValue*>(in.args, in.num_args));
+        BackendExecuteContext ctx{parallel_};
+        Error e = d.backend->execute(ctx, d.handle, Span<EValue*>(in.args, in.num_args));
         if (e != Error::Ok) {
           prefix_error_message("instruction %zu (delegate %d): ", pc, int(in.a));
           return e;

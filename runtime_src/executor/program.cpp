@@ -236,6 +236,18 @@ Result<Span<const uint8_t>> Program::segment(size_t index) const {
   return Span<const uint8_t>(segment_base_ + s->offset(), size_t(s->size()));
 }
 
+Result<Span<const uint8_t>> Program::named_data(const char* key, size_t key_size) const {
+  const auto* named = program_->named_data();
+  if (named != nullptr) {
+    for (const fb::NamedData* n : *named) {
+      const flatbuffers::String* k = n->key();
+      if (k != nullptr && k->size() == key_size && memcmp(k->data(), key, key_size) == 0)
+        return segment(n->segment_index());
+    }
+  }
+  return fail(Error::NotFound, "the program has no named data '%.*s'", int(key_size), key);
+}
+
 Result<const uint8_t*> Program::constant_data(uint32_t index, size_t nbytes,
                                               size_t align) const {
   const fb::SubsegmentOffsets* cs = program_->constant_segment();

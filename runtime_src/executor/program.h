@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/memory_allocator.h"
 #include "core/result.h"
@@ -65,7 +66,7 @@ class MethodMeta {
 };
 
 /// A loaded program. The loader must outlive the Program and its methods.
-class Program {
+class Program : public NamedDataMap {
  public:
   /// Verifies and loads a program: flatbuffer verifier first, then the extended header
   /// and segment bounds, then (with `verify_checksums`, when the program carries them: etbuild
@@ -85,6 +86,8 @@ class Program {
   Result<const uint8_t*> constant_data(uint32_t index, size_t nbytes, size_t align) const;
   /// Segment `index` as a byte span (bounds-checked at load).
   Result<Span<const uint8_t>> segment(size_t index) const;
+  /// The segment that named data entry `key` points at.
+  Result<Span<const uint8_t>> named_data(const char* key, size_t key_size) const override;
   const etbuild::schema::Program* flatbuffer() const { return program_; }
 
  private:

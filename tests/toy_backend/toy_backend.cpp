@@ -84,7 +84,7 @@ class ToyBackend final : public Backend {
     return const_cast<uint8_t*>(processed.data());
   }
 
-  Error execute(void* handle, Span<EValue*> args) const override {
+  Error execute(BackendExecuteContext&, void* handle, Span<EValue*> args) const override {
     const uint8_t* p = static_cast<const uint8_t*>(handle);
     ToyGraph g;
     g.inputs = read_u32(p + 4);

@@ -35,7 +35,8 @@ class ScaleBackend final : public etb::Backend {
     ++inits;
     return static_cast<void*>(scale);
   }
-  etb::Error execute(void* handle, etb::Span<etb::EValue*> args) const override {
+  etb::Error execute(etb::BackendExecuteContext&, void* handle,
+                     etb::Span<etb::EValue*> args) const override {
     if (args.size() != 2 || !args[0]->is_tensor() || !args[1]->is_tensor())
       return etb::fail(etb::Error::DelegateFailed, "ScaleBackend: takes (Tensor in, Tensor out)");
     const etb::Tensor& in = args[0]->to_tensor();
