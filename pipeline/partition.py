@@ -51,9 +51,13 @@ class Backend(Protocol):
     id: str
     #: The folder of the backend's C++ half: a CMakeLists.txt that calls etb_add_backend().
     runtime_dir: str
+    #: Optional: CMake arguments for the runtime build that links the backend (where its
+    #: library is, say); they are part of the build's cache key.
+    cmake_args: list[str]
 
-    def check(self, node: fx.Node) -> str | None:
-        """None when the backend runs ``node``; else why not, in a few words."""
+    def check(self, node: fx.Node, graph: Graph) -> str | None:
+        """None when the backend runs ``node`` (of ``graph``, which knows its constants);
+        else why not, in a few words."""
 
     def preprocess(self, partition: Partition) -> Delegate:
         """The backend's blob (and compile specs) for one partition."""
@@ -200,9 +204,9 @@ class Rules:
 class _Support(OperatorSupportBase):
     """The backend's check and the config's rules, remembering each refusal's reason."""
 
-    def __init__(self, backend: Backend, rules: Rules) -> None:
+    def __init__(self, backend: Backend, rules: Rules, graph: Graph) -> None:
         super().__init__()
-        self.backend, self.rules = backend, rules
+        self.backend, self.rules, self.graph = backend, rules, graph
         self.reasons: dict[fx.Node, str] = {}
 
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
@@ -210,7 +214,7 @@ class _Support(OperatorSupportBase):
             return False
         if node.target is operator.getitem:  # goes with its producer
             return self.is_node_supported(submodules, node.args[0])
-        reason = self.rules.refusal(node) or self.backend.check(node)
+        reason = self.rules.refusal(node) or self.backend.check(node, self.graph)
         if reason:
             self.reasons[node] = reason
         return reason is None
@@ -222,7 +226,7 @@ def partition_graph(g: Graph, backend: Backend, rules: Rules) -> PartitionReport
     compute = [n for n in g.call_nodes() if n.target is not operator.getitem]
     report.total_flops = sum(node_flops(n) for n in compute)
     gm = fx.GraphModule(torch.nn.Module(), g.fx_graph)
-    support = _Support(backend, rules)
+    support = _Support(backend, rules, g)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     chosen = []
     for p in partitioner.propose_partitions():

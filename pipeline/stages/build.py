@@ -83,10 +83,18 @@ def build_inputs(cfg, tc: Toolchain):
     return h
 
 
-def build_key(inputs, selection: bytes | None, wheel: bool, backend_dirs: list[Path] = ()) -> str:
+def build_key(
+    inputs,
+    selection: bytes | None,
+    wheel: bool,
+    backend_dirs: list[Path] = (),
+    backend_args: list[str] = (),
+) -> str:
     """The build cache key from ``build_inputs``; ``selection`` None: the all-ops baseline.
-    The sources of the delegate backends linked count too."""
+    The sources of the delegate backends linked, and their CMake arguments, count too."""
     h = inputs.copy()
+    for a in backend_args:
+        h.update(f"backend arg {a}\0".encode())
     if wheel:
         h.update(f"wheel for python {sys.version}\0".encode())
     h.update(b"all ops\0" if selection is None else b"selection\0" + selection)
@@ -127,6 +135,16 @@ def backend_dirs(cfg, ids: list[str]) -> list[Path]:
                 "C++ sources and a CMakeLists.txt that calls etb_add_backend()"
             )
     return dirs
+
+
+def backend_cmake_args(cfg) -> list[str]:
+    """The CMake arguments the configured partitioner's backend asks for (its optional
+    ``cmake_args``: where its library is, say)."""
+    if cfg.partitioner.name == "none":
+        return []
+    from ..partition import load_backend
+
+    return [str(a) for a in getattr(load_backend(cfg.partitioner), "cmake_args", [])]
 
 
 def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
@@ -321,6 +339,7 @@ def build_into_cache(
     entry: Path,
     wheel: bool,
     backends: list[Path] = (),
+    backend_args: list[str] = (),
 ) -> None:
     """Configure, build and install into a temporary folder, then rename it to ``entry``.
     ``selection_path`` None: every kernel (the all-ops baseline)."""
@@ -336,6 +355,7 @@ def build_into_cache(
             defines = [f"-DETB_SELECTED_OPS={tmp / 'selected_operators.yaml'}", *defines]
         if backends:
             defines.append(f"-DETB_BACKEND_DIRS={';'.join(str(d) for d in backends)}")
+            defines.extend(backend_args)
         if wheel:
             build_wheel(defines, entry.name, build_dir, install_dir / "wheel", log)
         else:
@@ -371,6 +391,7 @@ def cached_build(
     selection_path: Path | None,
     wheel: bool,
     backends: list[Path] = (),
+    backend_args: list[str] = (),
 ) -> tuple[Path, bool]:
     """The build cache entry of ``key``, built now unless present; (entry, was it a hit)."""
     entry = cache_root(cfg) / "builds" / key
@@ -378,7 +399,7 @@ def cached_build(
     if hit:
         mark_used(entry)
     else:
-        build_into_cache(cfg, tc, selection_path, entry, wheel, backends)
+        build_into_cache(cfg, tc, selection_path, entry, wheel, backends, backend_args)
     return entry, hit
 
 
@@ -409,10 +430,11 @@ def run(ctx: Context) -> None:
     wheel = wants_wheel(cfg, tc)
     inputs = build_inputs(cfg, tc)
     backends = backend_dirs(cfg, ctx.artifacts["backends"])
-    key = build_key(inputs, selection, wheel, backends)
+    backend_args = backend_cmake_args(cfg) if backends else []
+    key = build_key(inputs, selection, wheel, backends, backend_args)
     ctx.note_read("build_cache_key", key)
     entry, hit = cached_build(
-        cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel, backends
+        cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel, backends, backend_args
     )
     sizes = json.loads((entry / "sizes.json").read_text())
     used = [entry]

@@ -32,7 +32,7 @@ class ToyBackend:
     def __init__(self, max_steps: int = 64) -> None:
         self.max_steps = max_steps
 
-    def check(self, node: fx.Node) -> str | None:
+    def check(self, node: fx.Node, graph) -> str | None:
         if node.target not in OPS:
             return "the toy backend runs add, sub, mul and relu only"
         out = node.meta["val"]
