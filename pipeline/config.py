@@ -263,6 +263,9 @@ class TargetConfig:
     default), or any ``-march`` value: ``x86-64`` (SSE2), ``x86-64-v2``, ``x86-64-v3`` (AVX2 +
     FMA: to ship to other AVX2 machines), ``x86-64-v4`` (AVX-512), ``armv8.2-a``.
 
+    ``xnnpack_root``: a tree with XNNPACK's headers and libraries for this target
+    (``+partitioner=xnnpack``; absent: the system's, for the host).
+
     ``threads`` is how many threads the runtime splits its kernels over on the device (the
     calling thread included; 1 to 64): the runner's ``--threads``, the Python module's
     ``load(path, threads=N)``. Verify runs the program at this count and the report records
@@ -285,6 +288,7 @@ class TargetConfig:
         default="native", metadata={"pattern": MARCH_PATTERN, "expected": MARCH_EXPECTED}
     )
     threads: int = 1
+    xnnpack_root: str | None = None
 
 
 class Planner(Enum):
