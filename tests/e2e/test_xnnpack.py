@@ -5,6 +5,7 @@ etbuild's delegated programs, and etbuild's runtime runs ExecuTorch's own XNNPAC
 
 from __future__ import annotations
 
+import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -198,3 +199,22 @@ def test_a_target_without_the_library_fails_before_export(tmp_path) -> None:
     assert not (tmp_path / "run" / "model.pte").exists()
     with pytest.raises(EtbuildError, match="XNNPACK does not run on bare-metal Cortex-M"):
         build_in_process([*XNN, "+target=cortex_m"], tmp_path / "run2")
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("aarch64-linux-gnu-g++", "qemu-aarch64", "apt-get", "dpkg")),
+    reason="needs g++-aarch64-linux-gnu, qemu-user, and apt-get/dpkg for Debian's arm64 XNNPACK",
+)
+def test_linux_aarch64_builds_against_debians_arm64_xnnpack_and_verifies_under_qemu(
+    tmp_path,
+) -> None:
+    from etbuild.runtime_src.backends.xnnpack.debian_root import make_root
+
+    root = tmp_path / "xnnpack-arm64"
+    make_root("arm64", root)
+    run_dir = tmp_path / "run"
+    ctx = build_in_process([*XNN, "+target=linux_aarch64", f"target.xnnpack_root={root}"], run_dir)
+    assert max(p["share"] for p in ctx.artifacts["partitions"]["partitions"]) >= 0.95
+    verify = ctx.artifacts["verify"]
+    assert verify["status"] == "ran under qemu-aarch64", verify
+    assert float(verify["max_rel_error"]) <= 1e-4, verify
