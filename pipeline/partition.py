@@ -172,7 +172,23 @@ def node_flops(node: fx.Node) -> int:
         except Exception:  # a formula that does not fit this overload: count elements
             pass
     val = node.meta.get("val")
+    macs = _int8_macs(node)
+    if macs is not None:
+        return 2 * macs
     return val.numel() if isinstance(val, torch.Tensor) else 0
+
+
+def _int8_macs(node: fx.Node) -> int | None:
+    """Multiply-adds of etbuild's int8 convolution and linear (torch has no formula for them):
+    one per output element and weight element of its group's input channels / features."""
+    name = str(node.target)
+    if not name.startswith("etb_quantized.") or name.split(".")[1] not in ("conv2d", "linear"):
+        return None
+    out, w = node.meta.get("val"), node.args[3].meta.get("val")
+    if not isinstance(out, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return None
+    per_output = w[0].numel()  # conv: in/groups x kh x kw; linear: in features
+    return int(out.numel() * per_output)
 
 
 @dataclass

@@ -125,6 +125,8 @@ def test_mobilenet_int8_runs_in_one_xnnpack_partition(int8_build) -> None:
     run_dir, ctx = int8_build
     parts = ctx.artifacts["partitions"]
     assert len(parts["partitions"]) == 1 and parts["partitions"][0]["share"] >= 0.95, parts
+    # int8 convolutions count their multiply-adds, as the fp32 ones do (about 0.6 GFLOP)
+    assert 5.5e8 < parts["total_flops"] < 6.5e8, parts["total_flops"]
     ops = parts["partitions"][0]["ops"]
     assert ops["conv2d"] == 52 and ops["quantize_per_tensor"] == 1, ops
     verify = ctx.artifacts["verify"]
