@@ -1,5 +1,10 @@
 """Threads: etbuild's runtime at 1, 2, ... threads against ExecuTorch+XNNPACK at the same count.
 
+Three ways to run each case: etbuild's portable kernels (``etbuild``), etbuild with its XNNPACK
+delegate (``etb+xnn``: the pipeline with ``+partitioner=xnnpack``, on the system's XNNPACK, a
+2022 snapshot on Debian), ExecuTorch with its XNNPACK (``xnnpack``, a recent one), and torch
+eager (``eager``, ``torch.set_num_threads(T)``).
+
 One run on this machine, batch 1, MobileNetV2 and ResNet18 (``--models``), fp32 and int8
 (``+quant=ptq``; XNNPACK: ExecuTorch's XNNPACK quantizer on the same module and calibration).
 etbuild's runtime is built for the machine (``target.march=native``) by the pipeline, and run
@@ -34,6 +39,43 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import kernels as kb  # noqa: E402  (bench/kernels.py: cases, builds, checks)
+
+RUNTIMES = ("etbuild", "etb+xnn", "xnnpack", "eager")
+
+
+def delegated_case(case: kb.Case, work: Path) -> tuple[kb.Case, kb.Build]:
+    """The case built with ``+partitioner=xnnpack`` (runtime and program), verify off."""
+    import dataclasses
+
+    from etbuild.pipeline.runner import run_stages
+    from etbuild.pipeline.stage_cache import StageCache, cache_root, stage_cache_key
+    from etbuild.pipeline.stages import STAGES
+
+    overrides = [*case.overrides, "+partitioner=xnnpack", "build.compare_all_ops=false"]
+    overrides += ["build.wheel=false", "pipeline.verify.enabled=false", "pipeline.stop_after=build"]
+    cfg = kb.compose(overrides)
+    run_dir = work / f"{case.model}_{case.dtype}_xnnpack"
+    cache = StageCache(cache_root(cfg), stage_cache_key(cfg))
+    with kb.quiet():
+        run_stages(STAGES, cfg, run_dir, stop_after="build", log=lambda _: None, cache=cache)
+    build = kb.Build("xnnpack", runner=run_dir / "runtime" / "bin" / "etb_runner")
+    build.threads_flag = True
+    return dataclasses.replace(case, run_dir=run_dir, pte=run_dir / "model.pte"), build
+
+
+class EagerAt(kb.EagerTimed):
+    """torch eager at `threads` intra-op threads (set before each sample: cells interleave)."""
+
+    def __init__(self, case: kb.Case, threads: int) -> None:
+        super().__init__(case)
+        self.threads = threads
+
+    def sample(self, k: int) -> float:
+        torch.set_num_threads(self.threads)
+        try:
+            return super().sample(k)
+        finally:
+            torch.set_num_threads(1)
 
 
 class XnnpackWorker(kb.Timed):
@@ -146,12 +188,22 @@ def main() -> int:
         rows = []
         for case in cases:
             cells = []
+            try:
+                delegated, dbuild = delegated_case(case, work)
+            except Exception as exc:  # noqa: BLE001
+                delegated, dbuild, derror = None, None, kb.short_error(exc)
             for t in args.threads:
                 cells.append(kb.Cell(f"etbuild@{t}", kb.RunnerTimed(build, case, work, t)))
+                if delegated is None:
+                    cells.append(kb.Cell(f"etb+xnn@{t}", error=derror))
+                else:
+                    timed = kb.RunnerTimed(dbuild, delegated, work, t)
+                    cells.append(kb.Cell(f"etb+xnn@{t}", timed))
                 try:
                     cells.append(kb.Cell(f"xnnpack@{t}", XnnpackWorker(case, t, work)))
                 except Exception as exc:  # noqa: BLE001
                     cells.append(kb.Cell(f"xnnpack@{t}", error=kb.short_error(exc)))
+                cells.append(kb.Cell(f"eager@{t}", EagerAt(case, t)))
             for c in cells:
                 if c.timed is None:
                     continue
@@ -171,19 +223,26 @@ def main() -> int:
             kb.log(f"  {case.name:<16} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
 
     kb.log("\n== latency, ms (median over rounds)")
-    cols = [f"{rt}@{t}" for t in args.threads for rt in ("etbuild", "xnnpack")]
+    cols = [f"{rt}@{t}" for t in args.threads for rt in RUNTIMES]
     kb.log(f"{'model/dtype':<16}" + "".join(f"{c:>13}" for c in cols))
     for name, ms, _ in rows:
         kb.log(f"{name:<16}" + "".join(f"{fmt_ms(ms.get(c)):>13}" for c in cols))
-    kb.log("\n== speed-up over 1 thread (same runtime), and etbuild / XNNPACK at each count")
-    head = [f"etb x{t}" for t in args.threads[1:]] + [f"xnn x{t}" for t in args.threads[1:]]
-    head += [f"etb/xnn@{t}" for t in args.threads]
-    kb.log(f"{'model/dtype':<16}" + "".join(f"{h:>12}" for h in head))
+    kb.log(
+        "\n== speed-up over 1 thread (same runtime), and etbuild (portable, then delegated) / "
+        "ExecuTorch+XNNPACK at each count"
+    )
+    head = [f"{rt} x{t}" for rt in RUNTIMES for t in args.threads[1:]]
+    head += [f"etb/xnn@{t}" for t in args.threads] + [f"etb+x/xnn@{t}" for t in args.threads]
+    kb.log(f"{'model/dtype':<16}" + "".join(f"{h:>13}" for h in head))
     for name, ms, errors in rows:
-        vals = [kb.ratio(ms.get("etbuild@1"), ms.get(f"etbuild@{t}")) for t in args.threads[1:]]
-        vals += [kb.ratio(ms.get("xnnpack@1"), ms.get(f"xnnpack@{t}")) for t in args.threads[1:]]
+        vals = [
+            kb.ratio(ms.get(f"{rt}@1"), ms.get(f"{rt}@{t}"))
+            for rt in RUNTIMES
+            for t in args.threads[1:]
+        ]
         vals += [kb.ratio(ms.get(f"etbuild@{t}"), ms.get(f"xnnpack@{t}")) for t in args.threads]
-        kb.log(f"{name:<16}" + "".join(f"{kb.fmt_ratio(v):>12}" for v in vals))
+        vals += [kb.ratio(ms.get(f"etb+xnn@{t}"), ms.get(f"xnnpack@{t}")) for t in args.threads]
+        kb.log(f"{name:<16}" + "".join(f"{kb.fmt_ratio(v):>13}" for v in vals))
         for e in errors:
             kb.log(f"    {e}")
     return 0

@@ -366,3 +366,32 @@ def gru_tagger(**_: Any) -> nn.Module:
 def lstm_tagger(**_: Any) -> nn.Module:
     model = RecurrentTagger(nn.LSTM)
     return _widened(model, model.head, gain=8.0)
+
+
+class XnnpackOps(nn.Module):
+    """Every op kind the XNNPACK delegate takes beyond MobileNetV2's: max and average pooling,
+    hardswish, sigmoid gating (a tensor multiply), subtract and divide by constants, constant
+    padding, a global mean, fully connected layers, ReLU and softmax."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, groups=16)
+        self.conv3 = nn.Conv2d(16, 32, 1)
+        self.register_buffer("offset", torch.linspace(-0.5, 0.5, 32).reshape(32, 1, 1))
+        self.fc1 = nn.Linear(32, 32)
+        self.fc2 = nn.Linear(32, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        f = nn.functional
+        y = f.max_pool2d(torch.relu(self.conv1(x)), 2)
+        y = f.hardswish(self.conv2(f.pad(y, (1, 1, 1, 1), value=0.25)))
+        y = f.avg_pool2d(self.conv3(y), 2)
+        y = (y * torch.sigmoid(y) - self.offset) / 0.5
+        y = torch.relu(self.fc1(y.mean((2, 3))))
+        return torch.softmax(self.fc2(y) * 4.0, dim=-1)
+
+
+def xnnpack_ops(**_: Any) -> nn.Module:
+    model = XnnpackOps()
+    return _widened(model, model.fc2)

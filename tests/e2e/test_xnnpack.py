@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from etbuild_test_support import build_in_process, run_in_executorch
+from etbuild_test_support import build_in_process, custom_model_overrides, run_in_executorch
 
 from etbuild.pipeline import etbt, pte
 from etbuild.pipeline.errors import EtbuildError
@@ -220,3 +220,16 @@ def test_linux_aarch64_builds_against_debians_arm64_xnnpack_and_verifies_under_q
     verify = ctx.artifacts["verify"]
     assert verify["status"] == "ran under qemu-aarch64", verify
     assert float(verify["max_rel_error"]) <= 1e-4, verify
+
+
+def test_every_fp32_op_kind_runs_in_the_delegate_and_matches_eager(tmp_path) -> None:
+    model = custom_model_overrides("xnnpack_ops", [("x", [2, 3, 32, 32])])
+    ctx = build_in_process([*model, *XNN[1:]], tmp_path)
+    parts = ctx.artifacts["partitions"]
+    assert parts["refused"] == [] and len(parts["partitions"]) == 1, parts
+    ops = parts["partitions"][0]["ops"]
+    for kind in ("max_pool2d_with_indices", "avg_pool2d", "clamp", "div", "sigmoid", "mean",
+                 "constant_pad_nd", "_softmax", "mul", "addmm", "relu"):  # fmt: skip
+        assert kind in ops, (kind, sorted(ops))
+    verify = ctx.artifacts["verify"]
+    assert verify["status"] == "ran" and float(verify["max_rel_error"]) <= 1e-4, verify

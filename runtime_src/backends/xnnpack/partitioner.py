@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes.util
 import math
+import operator
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -145,7 +146,7 @@ class XnnpackBackend:
     # ---- capability -------------------------------------------------------------------
     def check(self, node: fx.Node, graph: Graph) -> str | None:
         t = node.target
-        out = node.meta.get("val")
+        out = _val(node)
         if not isinstance(out, torch.Tensor):
             return "its result is not one tensor"
         if (
@@ -183,7 +184,9 @@ def _is_const(graph: Graph, a) -> bool:
 
 
 def _val(a):
-    return a.meta.get("val") if isinstance(a, fx.Node) else None
+    """A node's tensor (max_pool2d_with_indices: its values; the indices are never used)."""
+    v = a.meta.get("val") if isinstance(a, fx.Node) else None
+    return v[0] if isinstance(v, (tuple, list)) and v else v
 
 
 # ---- per-op checks: None when XNNPACK (2022 API) runs the node ---------------------------
@@ -296,6 +299,10 @@ def _pool_args(node):
 
 
 def _check_max_pool(node, graph):
+    if node.target is aten.max_pool2d_with_indices.default and any(
+        u.target is not operator.getitem or u.args[1] != 0 for u in node.users
+    ):
+        return "max pooling whose indices are used is not delegated"
     if _val(node.args[0]).dim() != 4:
         return "only 4-d (NCHW) pooling is delegated"
     ceil = _arg(node, 5, "ceil_mode", False)
@@ -358,6 +365,7 @@ _CHECKS = {
     **{t: _check_unary for t in UNARY_FP32},
     aten._softmax.default: _check_softmax,
     aten.max_pool2d.default: _check_max_pool,
+    aten.max_pool2d_with_indices.default: _check_max_pool,
     aten.avg_pool2d.default: _check_avg_pool,
     aten.mean.dim: _check_mean,
     aten.constant_pad_nd.default: _check_pad,
@@ -589,7 +597,12 @@ class _Writer:
             kind = UNARY_FP32.get(t, XNodeUnion.XNNSoftmax)
             layout = Layout.NCHW if t is aten._softmax.default else self._any_layout(n.args[0])
             self._unary(n, kind, self.get(n.args[0], layout), layout)
-        elif t in (aten.max_pool2d.default, qops.max_pool2d.default, aten.avg_pool2d.default):
+        elif t is operator.getitem:  # the values of max_pool2d_with_indices
+            self.ids[n] = self.ids[n.args[0]]
+            if n.args[0] in self.qparams:
+                self.qparams[n] = self.qparams[n.args[0]]
+        elif t in (aten.max_pool2d.default, qops.max_pool2d.default, aten.avg_pool2d.default,
+                   aten.max_pool2d_with_indices.default):  # fmt: skip
             self._pool(n)
         elif t in (aten.mean.dim, qops.mean.default):
             self._mean(n)
