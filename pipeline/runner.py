@@ -210,11 +210,22 @@ def run_stages(
     prefix = list(itertools.takewhile(lambda s: s.cacheable, stages))
     if not prefix or len(selected) < len(prefix):
         cache = None
-    hit = cache.load() if cache is not None else None
+    hit = None
     skip = 0
-    if hit is not None:
-        _restore(ctx, hit, log, len(selected))
-        skip = len(prefix)
+    try:
+        if cache is not None:
+            # Held from the look-up until the prefix's results are restored (a hit) or stored
+            # (a miss): a concurrent run with the same key waits, then restores them.
+            cache.lock(log)
+            hit = cache.load()
+            if hit is not None:
+                _restore(ctx, hit, log, len(selected))
+                skip = len(prefix)
+                cache.unlock()
+    except BaseException as exc:  # an interrupt while waiting, an unusable cache folder
+        if cache is not None:
+            cache.unlock()
+        error, skip = exc, len(selected)
     for i, stage in enumerate(selected[skip:], skip + 1):
         rec = StageRecord(stage.name)
         ctx.records.append(rec)
@@ -226,13 +237,18 @@ def run_stages(
             rec.seconds = time.perf_counter() - t0
             log(_progress_line(i, len(selected), rec))
             if cache is not None and hit is None and i == len(prefix):
-                _store(ctx, cache, prefix, log)
+                try:
+                    _store(ctx, cache, prefix, log)
+                finally:
+                    cache.unlock()
         except BaseException as exc:
             rec.seconds = time.perf_counter() - t0
             rec.summary["failed"] = type(exc).__name__
             log(_progress_line(i, len(selected), rec))
             error = exc
             break
+    if cache is not None:
+        cache.unlock()  # a failure inside the prefix releases it here
     status = "ok" if error is None else "failed"
     if isinstance(error, KeyboardInterrupt):
         status = "interrupted"
