@@ -445,11 +445,13 @@ def run(ctx: Context) -> None:
     )
     if cfg.build.compare_all_ops:
         ctx.summarize(all_ops_cache="hit" if hit_all else "miss")
+    ctx.measure(runtime_bytes=sizes["tailored_bytes"])
     if "flash_bytes" in sizes:  # bare metal: the firmware image's flash and static RAM
         ctx.summarize(
             flash_kb=round(sizes["flash_bytes"] / 1024, 1),
             ram_kb=round(sizes["ram_bytes"] / 1024, 1),
         )
+        ctx.measure(flash_bytes=sizes["flash_bytes"], ram_bytes=sizes["ram_bytes"])
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(
