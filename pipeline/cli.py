@@ -10,8 +10,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from .config import register_configs, validate
 from .errors import EtbuildError
@@ -82,7 +84,27 @@ def build(cfg: DictConfig, run_dir: Path, manifest_on_early_error: bool = False)
             )
 
 
+def version_line() -> str:
+    """``etbuild --version``: etbuild's version, then the versions it runs on."""
+    import importlib.metadata
+    import platform
+
+    from . import __version__
+
+    parts = [f"python {platform.python_version()}"]
+    for dist in ("torch", "torchao", "hydra-core"):
+        try:
+            parts.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist} absent")
+    return f"etbuild {__version__} ({', '.join(parts)})"
+
+
 def main() -> None:
+    # Hydra's own --version names Hydra's; this is etbuild's (any position, as argparse would).
+    if "--version" in sys.argv[1:]:
+        print(version_line())
+        return
     # torch 2.13's own export internals trip this deprecation; it is not the user's to fix.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
     register_configs()
@@ -119,7 +141,14 @@ def main() -> None:
             return
         print(f"etbuild: done: {run_dir}")
 
-    app()
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as exc:
+        # What Hydra does not report itself (`--help` with an unknown option): the message,
+        # which names the key and the options, without Hydra's traceback.
+        cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
+        print(f"etbuild: error: {exc}{cause}", file=sys.stderr)
+        sys.exit(1)
     # The sweep callback (pipeline/sweep.py) has exited 1 if a job's manifest says it failed;
     # a config without the callback still fails on the jobs this process saw fail.
     if failed:
