@@ -340,7 +340,8 @@ def markdown_text(summary: SweepSummary, plot: str | None = "pareto.png") -> str
     if left_out:
         lines += [
             "",
-            "Not compared (no latency measured here, or measured under an emulator): "
+            "Not compared (not timed: a target that does not run here, or "
+            "pipeline.verify.latency_iters=1; or timed under an emulator): "
             + ", ".join(f"job {j.label}" for j in left_out)
             + ".",
         ]

@@ -169,7 +169,8 @@ def test_results_when_no_job_has_a_latency(tmp_path: Path) -> None:
     write_results(summarize(tmp_path))
     md = (tmp_path / "sweep.md").read_text()
     assert "No job has a latency measured on this machine and both sizes." in md
-    assert "Not compared (no latency measured here, or measured under an emulator): job 0." in md
+    assert "Not compared (not timed: a target that does not run here, or " in md
+    assert "pipeline.verify.latency_iters=1; or timed under an emulator): job 0." in md
     assert (tmp_path / "pareto.png").read_bytes().startswith(b"\x89PNG")
 
 
