@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from .config import register_configs, validate
 from .errors import EtbuildError
@@ -42,14 +45,26 @@ def check_supported(cfg: DictConfig) -> None:
         configured(cfg.selection)
 
 
-def build(cfg: DictConfig, run_dir: Path) -> None:
-    """Run the pipeline for a composed config into ``run_dir``."""
-    from .runner import run_stages
+def build(cfg: DictConfig, run_dir: Path, manifest_on_early_error: bool = False) -> None:
+    """Run the pipeline for a composed config into ``run_dir``.
+
+    A setting that fails its checks stops the build before any stage, leaving ``run_dir``
+    untouched; with ``manifest_on_early_error`` (a sweep job, whose results the sweep reads
+    from its manifest) a failed ``manifest.json`` records the error."""
+    from .runner import run_stages, write_early_failure
     from .stage_cache import StageCache, cache_root, prune, stage_cache_key
     from .stages import STAGES
 
-    cfg = validate(cfg)
-    check_supported(cfg)
+    try:
+        cfg = validate(cfg)
+        check_supported(cfg)
+    except Exception as exc:
+        if manifest_on_early_error:
+            try:
+                write_early_failure(run_dir, cfg, exc)
+            except OSError:
+                pass  # the error itself is what the user needs to see
+        raise
     stop = cfg.pipeline.stop_after
     root = cache_root(cfg)
     cache = StageCache(root, stage_cache_key(cfg)) if cfg.pipeline.cache else None
@@ -69,7 +84,27 @@ def build(cfg: DictConfig, run_dir: Path) -> None:
             )
 
 
+def version_line() -> str:
+    """``etbuild --version``: etbuild's version, then the versions it runs on."""
+    import importlib.metadata
+    import platform
+
+    from . import __version__
+
+    parts = [f"python {platform.python_version()}"]
+    for dist in ("torch", "torchao", "hydra-core"):
+        try:
+            parts.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist} absent")
+    return f"etbuild {__version__} ({', '.join(parts)})"
+
+
 def main() -> None:
+    # Hydra's own --version names Hydra's; this is etbuild's (any position, as argparse would).
+    if "--version" in sys.argv[1:]:
+        print(version_line())
+        return
     # torch 2.13's own export internals trip this deprecation; it is not the user's to fix.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
     register_configs()
@@ -82,21 +117,40 @@ def main() -> None:
     def app(cfg: DictConfig) -> None:
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        sweep = hydra_cfg.mode == RunMode.MULTIRUN
         print(f"etbuild: {cfg.model.name} -> {run_dir}")
         try:
-            build(cfg, run_dir)
+            build(cfg, run_dir, manifest_on_early_error=sweep)
         except KeyboardInterrupt:
             print(f"etbuild: interrupted: {run_dir} (its manifest.json says so)", file=sys.stderr)
             sys.exit(130)
         except EtbuildError as exc:
             print(f"etbuild: error: {exc}", file=sys.stderr)
-            if hydra_cfg.mode != RunMode.MULTIRUN:
+            if not sweep:
                 sys.exit(1)
             failed.append(run_dir)  # a sweep goes on with its other jobs
             return
+        except Exception:
+            if not sweep:
+                raise
+            # A bug, not a setting: its traceback is for the report, and the sweep goes on
+            # (the job's manifest.json records the error; the sweep results list it).
+            print(f"etbuild: internal error in {run_dir}:", file=sys.stderr)
+            traceback.print_exc()
+            failed.append(run_dir)
+            return
         print(f"etbuild: done: {run_dir}")
 
-    app()
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as exc:
+        # What Hydra does not report itself (`--help` with an unknown option): the message,
+        # which names the key and the options, without Hydra's traceback.
+        cause = f"\n{exc.__cause__}" if exc.__cause__ is not None else ""
+        print(f"etbuild: error: {exc}{cause}", file=sys.stderr)
+        sys.exit(1)
+    # The sweep callback (pipeline/sweep.py) has exited 1 if a job's manifest says it failed;
+    # a config without the callback still fails on the jobs this process saw fail.
     if failed:
         print(f"etbuild: {len(failed)} sweep job(s) failed:", file=sys.stderr)
         for run_dir in failed:

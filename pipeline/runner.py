@@ -4,7 +4,10 @@ A stage is a function of (artifacts in, its config slice) -> artifacts out. In-m
 artifacts pass between stages in ``Context.artifacts``; files go to the run directory through
 ``Context.write``, which writes atomically (temporary file, then rename), so a failing stage
 never leaves a half-written file. ``manifest.json`` records, per stage, its wall time and the
-content hashes of the files it read and wrote.
+content hashes of the files it read and wrote, its summary (the facts of its progress line)
+and its metrics: numbers that compare builds (program and runtime bytes, planned bytes per
+bank, latency, SQNR), which the manifest also gathers under the top-level ``metrics`` (what a
+sweep's results table reads; see pipeline/sweep.py).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class StageRecord:
     reads: dict[str, str] = field(default_factory=dict)
     writes: dict[str, str] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ class StageRecord:
             "reads": self.reads,
             "writes": self.writes,
             "summary": self.summary,
+            "metrics": self.metrics,
         }
 
 
@@ -122,6 +127,11 @@ class Context:
     def summarize(self, **items: Any) -> None:
         """Add key facts to the stage's progress line and manifest entry."""
         self.current.summary.update(items)
+
+    def measure(self, **items: Any) -> None:
+        """Record numbers that compare builds (JSON data) in the stage's manifest entry and
+        the manifest's ``metrics``."""
+        self.current.metrics.update(items)
 
 
 StageFn = Callable[[Context], None]
@@ -162,7 +172,8 @@ def _restore(ctx: Context, hit: CachedPrefix, log: Callable[[str], None], total:
         write_atomic(ctx.run_dir / name, path.read_bytes())
     ctx.artifacts.update(hit.artifacts)
     for i, d in enumerate(hit.records, 1):
-        rec = StageRecord(d["name"], 0.0, d["reads"], d["writes"], {**d["summary"], "cache": "hit"})
+        summary = {**d["summary"], "cache": "hit"}
+        rec = StageRecord(d["name"], 0.0, d["reads"], d["writes"], summary, d.get("metrics", {}))
         ctx.records.append(rec)
         log(_progress_line(i, total, rec))
 
@@ -174,6 +185,26 @@ def _store(ctx: Context, cache: StageCache, prefix: list[Stage], log: Callable[[
         cache.store(ctx.run_dir, records, artifacts)
     except OSError as exc:  # a full or read-only cache costs the next run time, not this one
         log(f"etbuild: warning: could not store the stage cache entry {cache.entry}: {exc}")
+
+
+def write_early_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None:
+    """manifest.json for a run that failed before its first stage (its settings' checks)."""
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    except Exception:  # the config itself is what failed
+        config = None
+    manifest = {
+        "status": "failed",
+        "error": str(error) or type(error).__name__,
+        "run_dir": str(run_dir),
+        "tools": tool_versions(),
+        "stage_cache": None,
+        "argv": sys.argv[1:],
+        "config": config,
+        "metrics": {},
+        "stages": [],
+    }
+    write_atomic(run_dir / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def run_stages(
@@ -210,11 +241,22 @@ def run_stages(
     prefix = list(itertools.takewhile(lambda s: s.cacheable, stages))
     if not prefix or len(selected) < len(prefix):
         cache = None
-    hit = cache.load() if cache is not None else None
+    hit = None
     skip = 0
-    if hit is not None:
-        _restore(ctx, hit, log, len(selected))
-        skip = len(prefix)
+    try:
+        if cache is not None:
+            # Held from the look-up until the prefix's results are restored (a hit) or stored
+            # (a miss): a concurrent run with the same key waits, then restores them.
+            cache.lock(log)
+            hit = cache.load()
+            if hit is not None:
+                _restore(ctx, hit, log, len(selected))
+                skip = len(prefix)
+                cache.unlock()
+    except BaseException as exc:  # an interrupt while waiting, an unusable cache folder
+        if cache is not None:
+            cache.unlock()
+        error, skip = exc, len(selected)
     for i, stage in enumerate(selected[skip:], skip + 1):
         rec = StageRecord(stage.name)
         ctx.records.append(rec)
@@ -226,13 +268,18 @@ def run_stages(
             rec.seconds = time.perf_counter() - t0
             log(_progress_line(i, len(selected), rec))
             if cache is not None and hit is None and i == len(prefix):
-                _store(ctx, cache, prefix, log)
+                try:
+                    _store(ctx, cache, prefix, log)
+                finally:
+                    cache.unlock()
         except BaseException as exc:
             rec.seconds = time.perf_counter() - t0
             rec.summary["failed"] = type(exc).__name__
             log(_progress_line(i, len(selected), rec))
             error = exc
             break
+    if cache is not None:
+        cache.unlock()  # a failure inside the prefix releases it here
     status = "ok" if error is None else "failed"
     if isinstance(error, KeyboardInterrupt):
         status = "interrupted"
@@ -245,6 +292,7 @@ def run_stages(
         "stage_cache": None if cache is None else {"key": cache.key, "hit": hit is not None},
         "argv": sys.argv[1:],
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "metrics": {k: v for r in ctx.records for k, v in r.metrics.items()},
         "stages": [r.as_dict() for r in ctx.records],
     }
     write_atomic(run_dir / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())

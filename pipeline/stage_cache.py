@@ -13,6 +13,13 @@ An entry is ``<cache root>/stages/<key>/``: ``entry.json`` (the stages' manifest
 the artifacts they pass on) and ``files/`` (what they wrote to the run directory). It is
 written to a temporary folder and renamed into place, and checked against its recorded hashes
 when read, so a damaged entry is a miss, never a wrong result.
+
+Concurrent processes on one cache directory (local, or on a shared file system) coordinate
+through one lock file per entry, ``<cache root>/locks/<kind>-<key>.lock`` (``filelock``): a
+process holds it from the look-up of a key until it has published the entry (a miss) or
+copied what it needs out of it (a hit), so each key is computed once and no entry is read
+while it is being pruned. The lock files are empty and stay (removing one that another process
+waits on would let two processes hold the "same" lock).
 """
 
 from __future__ import annotations
@@ -25,13 +32,17 @@ import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
+from .errors import EtbuildError
 from .paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
 from .runner import sha256_file, tree_digest
 
@@ -123,6 +134,53 @@ def stage_cache_key(cfg: DictConfig) -> str:
     return h.hexdigest()[:32]
 
 
+def _lock(root: Path, kind: str, key: str) -> filelock.FileLock:
+    path = root / "locks" / f"{kind}-{key}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EtbuildError(
+            f"cannot create the cache's lock folder {path.parent}: {exc}; set build.cache_dir "
+            "(or ETBUILD_CACHE_DIR) to a folder you can write"
+        ) from exc
+    return filelock.FileLock(str(path))
+
+
+def acquire(lock: filelock.FileLock, what: str, note: Callable[[str], None] = print) -> None:
+    """Take ``lock``, saying so when another process holds it (it is building ``what``)."""
+    try:
+        lock.acquire(timeout=0)
+        return
+    except filelock.Timeout:
+        note(f"etbuild: waiting for another etbuild process that holds {what} ({lock.lock_file})")
+    except OSError as exc:
+        raise EtbuildError(
+            f"cannot lock {lock.lock_file}: {exc}; set build.cache_dir (or ETBUILD_CACHE_DIR) to "
+            "a folder you can write"
+        ) from exc
+    lock.acquire()
+
+
+@contextmanager
+def entry_lock(
+    root: Path, kind: str, key: str, note: Callable[[str], None] = print
+) -> Iterator[None]:
+    """Hold the lock of cache entry ``root/kind/key`` (``kind``: ``stages`` or ``builds``)."""
+    lock = _lock(root, kind, key)
+    acquire(lock, f"the {kind} cache entry {key}", note)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def remove_stale_temporaries(entry: Path) -> None:
+    """Remove what a killed process left while writing ``entry`` (call with its lock held:
+    then no live process is writing it)."""
+    for tmp in entry.parent.glob(f".{entry.name}.*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def mark_used(entry: Path) -> None:
     """Record that a cache entry (a stage-cache or build-cache folder) was just used."""
     os.utime(entry)
@@ -134,8 +192,9 @@ def _entry_bytes(entry: Path) -> int:
 
 def prune(root: Path, max_bytes: int, keep: set[Path], keep_since: float) -> tuple[int, int]:
     """Remove the least recently used entries of ``root/stages`` and ``root/builds`` until the
-    cache holds at most ``max_bytes``; ``keep`` (this run's entries) and entries used at or
-    after ``keep_since`` (a concurrent run's) stay. Returns (entries removed, bytes freed)."""
+    cache holds at most ``max_bytes``; ``keep`` (this run's entries), entries used at or after
+    ``keep_since`` and entries whose lock another process holds (a concurrent run's) stay.
+    Returns (entries removed, bytes freed)."""
     entries = [
         e
         for kind in ("stages", "builds")
@@ -151,12 +210,20 @@ def prune(root: Path, max_bytes: int, keep: set[Path], keep_since: float) -> tup
             break
         if entry in keep or used >= keep_since:
             continue
-        doomed = entry.with_name(f".{entry.name}.removing")
         try:
-            os.replace(entry, doomed)  # readers see the entry whole or not at all
-        except OSError:
-            continue
-        shutil.rmtree(doomed, ignore_errors=True)
+            lock = _lock(root, entry.parent.name, entry.name)
+            lock.acquire(timeout=0)
+        except (filelock.Timeout, OSError, EtbuildError):
+            continue  # a process is reading or writing it
+        try:
+            doomed = entry.with_name(f".{entry.name}.removing")
+            try:
+                os.replace(entry, doomed)  # readers see the entry whole or not at all
+            except OSError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
+        finally:
+            lock.release()
         total -= size
         removed, freed = removed + 1, freed + size
     return removed, freed
@@ -172,11 +239,29 @@ class CachedPrefix:
 
 
 class StageCache:
-    """One entry of the stage cache (``root/stages/key``)."""
+    """One entry of the stage cache (``root/stages/key``).
+
+    The runner calls ``lock`` before ``load``; on a miss it keeps the lock while the stages
+    run and ``store`` their results, so concurrent runs with the same key wait for those
+    results instead of computing them too. ``unlock`` when done (a no-op when not held)."""
 
     def __init__(self, root: Path, key: str) -> None:
         self.key = key
+        self.root = root
         self.entry = root / "stages" / key
+        self._lock: filelock.FileLock | None = None
+
+    def lock(self, note: Callable[[str], None] = print) -> None:
+        """Wait for, then hold, this entry's lock."""
+        if self._lock is None:
+            lock = _lock(self.root, "stages", self.key)
+            acquire(lock, f"the stage cache entry {self.key}", note)
+            self._lock = lock
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def load(self) -> CachedPrefix | None:
         """The stored results, or None when absent or damaged. A hit marks the entry used."""
@@ -195,8 +280,11 @@ class StageCache:
             return None
 
     def store(self, run_dir: Path, records: list[dict[str, Any]], artifacts: dict) -> None:
-        """Save the stages' records, artifacts and files; a concurrent identical store wins."""
+        """Save the stages' records, artifacts and files (with the lock held, the only
+        writer of this key; without it, a concurrent identical store wins)."""
         self.entry.parent.mkdir(parents=True, exist_ok=True)
+        if self._lock is not None:
+            remove_stale_temporaries(self.entry)
         tmp = Path(tempfile.mkdtemp(dir=self.entry.parent, prefix=f".{self.key}."))
         try:
             for rec in records:

@@ -5,9 +5,10 @@ selected_operators.yaml; for the host through scikit-build-core, which also pack
 ``runtime/wheel/etbuild_runtime-*.whl``) into a cache directory keyed by a hash of the
 runtime sources, ops_yaml, codegen, the selection, the toolchain and the flags. A second
 identical build, or a sweep job with the same selection, reuses the cached build and compiles
-nothing. The cache
-entry is built in a temporary folder and renamed into place, and the run's ``runtime/`` folder
-is copied the same way, so neither is ever half-written.
+nothing. The cache entry is built in a temporary folder and renamed into place, and the run's
+``runtime/`` folder is copied the same way, so neither is ever half-written. Each entry has a
+lock (``stage_cache.entry_lock``) held while it is looked up, built and copied from: concurrent
+runs on one cache directory build each key once.
 
 With ``build.compare_all_ops`` the report compares against the all-ops runtime: a build with
 every kernel, which depends only on the toolchain and flags, so one cached baseline build
@@ -37,6 +38,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import __version__
@@ -44,7 +47,7 @@ from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
 from ..runner import Context, sha256_file, tree_digest
-from ..stage_cache import cache_root, mark_used
+from ..stage_cache import cache_root, entry_lock, mark_used, remove_stale_temporaries
 from ..toolchain import Toolchain, resolve
 
 CODEGEN_DIR = PACKAGE_ROOT / "codegen"
@@ -384,6 +387,7 @@ def build_into_cache(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
 def cached_build(
     cfg,
     tc: Toolchain,
@@ -392,15 +396,20 @@ def cached_build(
     wheel: bool,
     backends: list[Path] = (),
     backend_args: list[str] = (),
-) -> tuple[Path, bool]:
-    """The build cache entry of ``key``, built now unless present; (entry, was it a hit)."""
-    entry = cache_root(cfg) / "builds" / key
-    hit = (entry / "sizes.json").is_file()
-    if hit:
-        mark_used(entry)
-    else:
-        build_into_cache(cfg, tc, selection_path, entry, wheel, backends, backend_args)
-    return entry, hit
+) -> Iterator[tuple[Path, bool]]:
+    """The build cache entry of ``key``, built now unless present: yields (entry, was it a
+    hit) with the entry's lock held, so concurrent runs build each key once (the others wait,
+    then hit) and nothing prunes the entry while the caller copies out of it."""
+    root = cache_root(cfg)
+    entry = root / "builds" / key
+    with entry_lock(root, "builds", key):
+        hit = (entry / "sizes.json").is_file()
+        if hit:
+            mark_used(entry)
+        else:
+            remove_stale_temporaries(entry)
+            build_into_cache(cfg, tc, selection_path, entry, wheel, backends, backend_args)
+        yield entry, hit
 
 
 def copy_runtime(ctx: Context, src: Path) -> dict[str, str]:
@@ -433,18 +442,17 @@ def run(ctx: Context) -> None:
     backend_args = backend_cmake_args(cfg) if backends else []
     key = build_key(inputs, selection, wheel, backends, backend_args)
     ctx.note_read("build_cache_key", key)
-    entry, hit = cached_build(
-        cfg, tc, key, ctx.run_dir / "selected_operators.yaml", wheel, backends, backend_args
-    )
-    sizes = json.loads((entry / "sizes.json").read_text())
+    selection_path = ctx.run_dir / "selected_operators.yaml"
+    with cached_build(cfg, tc, key, selection_path, wheel, backends, backend_args) as (entry, hit):
+        sizes = json.loads((entry / "sizes.json").read_text())
+        ctx.current.writes.update(copy_runtime(ctx, entry / "install"))
     used = [entry]
     if cfg.build.compare_all_ops:
         # The all-ops runtime does not depend on the selection: one baseline build per
         # toolchain and flags serves every selection.
-        base, _ = cached_build(cfg, tc, build_key(inputs, None, False), None, False)
-        sizes = {**sizes, **baseline_sizes(json.loads((base / "sizes.json").read_text()))}
+        with cached_build(cfg, tc, build_key(inputs, None, False), None, False) as (base, hit_all):
+            sizes = {**sizes, **baseline_sizes(json.loads((base / "sizes.json").read_text()))}
         used.append(base)
-    ctx.current.writes.update(copy_runtime(ctx, entry / "install"))
     ctx.artifacts["toolchain"] = tc
     ctx.artifacts["build_cache_entries"] = used
     ctx.artifacts["runtime_sizes"] = sizes
@@ -457,11 +465,15 @@ def run(ctx: Context) -> None:
         march=tc.march or "default",
         kernel_isa=sizes["kernel_isa"],
     )
+    if cfg.build.compare_all_ops:
+        ctx.summarize(all_ops_cache="hit" if hit_all else "miss")
+    ctx.measure(runtime_bytes=sizes["tailored_bytes"])
     if "flash_bytes" in sizes:  # bare metal: the firmware image's flash and static RAM
         ctx.summarize(
             flash_kb=round(sizes["flash_bytes"] / 1024, 1),
             ram_kb=round(sizes["ram_bytes"] / 1024, 1),
         )
+        ctx.measure(flash_bytes=sizes["flash_bytes"], ram_bytes=sizes["ram_bytes"])
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(

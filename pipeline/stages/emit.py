@@ -371,3 +371,4 @@ def run(ctx: Context) -> None:
         for v in ctx.artifacts["program"].inputs
     ]
     ctx.summarize(**facts)
+    ctx.measure(program_bytes=facts["file_bytes"])

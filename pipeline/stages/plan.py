@@ -47,6 +47,10 @@ def run(ctx: Context) -> None:
         ],
     }
     ctx.write("memory_plan.json", (json.dumps(doc, indent=1) + "\n").encode())
+    ctx.measure(
+        planned_bytes=dict(zip(plan.bank_names, plan.bank_sizes, strict=True)),
+        planned_total_bytes=total,
+    )
     ctx.summarize(
         planned=total,
         lower_bound=plan.lower_bound,

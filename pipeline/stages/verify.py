@@ -39,6 +39,7 @@ class BuiltRunner:
         self.kernel_isa = ""  # the runner's "kernel_isa: <path>" line, after a run
         self.ran_threads = 0  # the runner's "threads: N" line, after a run
         self.latency = ""  # the runner's latency line, after a run of several iterations
+        self.latency_ms: dict[str, float] = {}  # its numbers: median, p10, p90, runs
 
     def run(
         self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0
@@ -67,6 +68,12 @@ class BuiltRunner:
             if latency and iters > 1:
                 median, p10, p90, n = latency.groups()
                 self.latency = f"{median} ms median (p10 {p10}, p90 {p90}; {n} runs)"
+                self.latency_ms = {
+                    "median": float(median),
+                    "p10": float(p10),
+                    "p90": float(p90),
+                    "runs": int(n),
+                }
             outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
             return [etbt.read(p) for p in outs]
 
@@ -180,5 +187,10 @@ def run(ctx: Context) -> None:
         )
     ctx.artifacts["verify"] = facts
     ctx.summarize(**facts)
+    if program.latency_ms:
+        ctx.measure(latency_ms={**program.latency_ms, "emulated": emulated})
+    ctx.measure(
+        **{k: facts[k] for k in ("max_rel_error", "sqnr_db", "top1_agreement") if k in facts}
+    )
     if "sqnr_db" in facts:
         _check_sqnr(ctx, facts)

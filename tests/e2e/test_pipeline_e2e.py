@@ -175,6 +175,10 @@ def test_sweep_goes_on_past_a_failing_job(tmp_path: Path) -> None:
         assert (runs["ok"] / name).is_file(), name
     assert not (runs["failed"] / "model.pte").exists()
     assert str(runs["failed"]) in proc.stderr
+    # The sweep's results list the failed job with its error.
+    md = (sweep / "sweep.md").read_text()
+    assert "2 jobs: 1 ok, 1 failed." in md
+    assert "## Failed jobs" in md and "does not fit the model" in md
 
 
 def test_dynamic_batch_with_an_example_batch_of_one(tmp_path: Path) -> None:
