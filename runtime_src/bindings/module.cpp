@@ -10,6 +10,9 @@
 // Errors raise etbuild.runtime.Error (a RuntimeError) with the runtime's message.
 // A program runs one call at a time: run() from several threads takes turns (the calls
 // share the method's planned memory), and init_method() during a run is refused.
+// Ctrl-C interrupts run() between instructions: called from the main thread, run() executes
+// on a helper thread and checks for signals meanwhile, and cancels the run when a handler
+// raises (KeyboardInterrupt).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -17,6 +20,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -25,6 +31,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "executor/data_loader.h"
@@ -54,6 +61,60 @@ std::string printable(const char* s) {
   std::string msg = printable(etb::last_error_message());
   if (msg.empty()) msg = etb::error_name(e);
   throw Error(msg);
+}
+
+// How often a run started from the main thread looks for signals (Ctrl-C).
+constexpr auto kSignalPoll = std::chrono::milliseconds(20);
+
+// Runs m.execute() on a helper thread while this (the main) thread, with the GIL released
+// between checks, runs Python's signal handlers every kSignalPoll; when one raises, the run
+// is cancelled at its next instruction and the handler's exception propagates. Called with
+// the GIL held; returns the run's error (its message copied to this thread's).
+etb::Error execute_interruptible(etb::Method& m) {
+  std::atomic<bool> cancel{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  etb::Error result = etb::Error::Ok;
+  std::string message;
+  m.set_cancel_flag(&cancel);
+  bool interrupted = false;
+  {
+    nb::gil_scoped_release release;
+    std::thread worker([&] {
+      etb::Error e = m.execute();
+      std::lock_guard<std::mutex> lock(mu);
+      result = e;
+      if (e != etb::Error::Ok) message = etb::last_error_message();
+      done = true;
+      cv.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    while (!done) {
+      if (cv.wait_for(lock, kSignalPoll, [&] { return done; })) break;
+      if (interrupted) continue;  // cancelled: wait for the run to stop
+      lock.unlock();
+      {
+        nb::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) {  // a handler raised: keep its exception pending
+          interrupted = true;
+          cancel.store(true);
+        }
+      }
+      lock.lock();
+    }
+    lock.unlock();
+    worker.join();
+  }
+  m.set_cancel_flag(nullptr);
+  if (interrupted) throw nb::python_error();
+  if (result != etb::Error::Ok) (void)etb::fail(result, "%s", message.c_str());
+  return result;
+}
+
+bool on_main_thread() {
+  static const unsigned long main_ident = PyThread_get_thread_ident();  // at module import
+  return PyThread_get_thread_ident() == main_ident;
 }
 
 void check(etb::Error e) {
@@ -310,12 +371,19 @@ class PyProgram {
                         arr.data(), arr.nbytes()));
     }
     std::vector<etb::ProfileEvent> events;
+    // The method must not keep pointing at `events` however this call ends (an interrupt).
+    struct ProfilerOff {
+      etb::Method& m;
+      ~ProfilerOff() { m.set_profiler(nullptr, 0); }
+    } profiler_off{m};
     if (profile) {
       events.resize(st.num_instructions + 1);
       m.set_profiler(events.data(), events.size());
     }
     etb::Error e;
-    {
+    if (on_main_thread()) {
+      e = execute_interruptible(m);
+    } else {  // only the main thread runs signal handlers
       nb::gil_scoped_release release;
       e = m.execute();
     }
@@ -368,6 +436,7 @@ class PyProgram {
 NB_MODULE(runtime, m) {
   m.doc() = "The etbuild runtime: load and run ExecuTorch-format programs.";
   nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+  (void)on_main_thread();  // remembers the importing (main) thread
   if (etb::register_all_kernels() != etb::Error::Ok)
     throw std::runtime_error(etb::last_error_message());
 

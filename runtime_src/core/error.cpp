@@ -37,6 +37,7 @@ const char* error_name(Error e) {
     case Error::OutOfBounds: return "OutOfBounds";
     case Error::KernelFailed: return "KernelFailed";
     case Error::DelegateFailed: return "DelegateFailed";
+    case Error::Cancelled: return "Cancelled";
   }
   return "Unknown";
 }

@@ -17,6 +17,7 @@ enum class [[nodiscard]] Error : uint32_t {
   OutOfBounds = 7,        ///< An index or offset lies outside its range.
   KernelFailed = 8,       ///< A kernel rejected its arguments at run time.
   DelegateFailed = 9,     ///< A backend failed to init or execute.
+  Cancelled = 10,         ///< The caller cancelled the run (Method::set_cancel_flag).
 };
 
 /// A short name of an error code ("InvalidProgram").

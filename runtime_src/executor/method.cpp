@@ -672,6 +672,7 @@ Method::Method(Method&& o) noexcept
       parallel_(o.parallel_),
       profile_(o.profile_), profile_capacity_(o.profile_capacity_),
       profile_count_(o.profile_count_), default_budget_(o.default_budget_), budget_(o.budget_),
+      cancel_(o.cancel_),
       prepared_bytes_(o.prepared_bytes_) {
   o.num_delegates_ = 0;
   o.delegates_ = nullptr;
@@ -793,6 +794,8 @@ Error Method::execute() {
                   "program loops (if the loop is meant to run longer, raise the budget: "
                   "etb_runner --instruction-budget N, load(path, instruction_budget=N))",
                   pc, (unsigned long long)budget_);
+    if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed))
+      return fail(Error::Cancelled, "instruction %zu: the run was cancelled", pc);
     const Instr& in = instrs_[pc];
     const uint64_t t0 = profile_ != nullptr ? platform_now_ns() : 0;
     size_t next = pc + 1;

@@ -1,6 +1,7 @@
 // Method: an initialized execution plan that runs its instructions.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -72,6 +73,11 @@ class Method {
     budget_ = budget != 0 ? budget : default_budget_;
   }
   uint64_t instruction_budget() const { return budget_; }
+
+  /// A flag another thread may set to stop a running execute(): it is checked before each
+  /// instruction, and execute() then returns Error::Cancelled (outputs undefined). nullptr:
+  /// none (the default). The flag must outlive the calls to execute().
+  void set_cancel_flag(const std::atomic<bool>* flag) { cancel_ = flag; }
   static constexpr uint64_t kLoopBudgetFactor = uint64_t(1) << 16;
 
   /// Records per-instruction times into `events` (up to `capacity`) on each execute();
@@ -132,6 +138,7 @@ class Method {
   size_t profile_count_ = 0;
   uint64_t default_budget_ = 0;
   uint64_t budget_ = 0;
+  const std::atomic<bool>* cancel_ = nullptr;
   size_t prepared_bytes_ = 0;
 };
 

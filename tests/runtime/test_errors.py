@@ -239,6 +239,48 @@ def test_a_looping_program_stops_at_its_instruction_budget(rt, tmp_path, budget)
         rt.load(str(tmp_path / "once.pte"), instruction_budget=-1)
 
 
+def test_ctrl_c_interrupts_a_long_run(tmp_path):
+    """A run that would take hours (a loop under a huge instruction budget) stops within a
+    moment of SIGINT with KeyboardInterrupt, and the program runs again afterwards."""
+    import signal
+    import time
+    from pathlib import Path
+
+    from rt_helpers import write_loop_program
+
+    loop = write_loop_program(tmp_path / "loop.pte", jump_back=True)
+    once = write_loop_program(tmp_path / "once.pte", jump_back=False)
+    child = textwrap.dedent(
+        f"""
+        import sys, torch
+        import etbuild.runtime as rt
+        prog = rt.load({str(loop)!r}, instruction_budget=10**15)
+        x = torch.randn(2, 3)
+        print("running", flush=True)
+        try:
+            prog.run([x])
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        again = rt.load({str(once)!r}).run([x])[0]
+        print("again", bool(torch.equal(again, x + x)), flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
+    assert proc.stdout.readline().strip() == "running"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 3.0
+    assert out.split() == ["interrupted", "again", "True"], (out, err)
+
+
 def test_runner_stops_a_looping_program(tmp_path, zoo_build):
     from rt_helpers import write_loop_program
 
