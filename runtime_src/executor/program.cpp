@@ -50,6 +50,36 @@ uint32_t crc32(const uint8_t* p, size_t n) {
 // to the program size), then each other segment in order.
 constexpr const char* kChecksumsKey = "etbuild.checksums";
 
+// The flatbuffer verifier aligns each vector's length, not its 8-byte elements: a corrupt
+// file can misalign them, and reading one is undefined behaviour (a fault on some cores).
+template <typename V>
+bool aligned_items(const V* v) {
+  return v == nullptr || is_aligned(v->data(), 8);
+}
+
+Error check_vector_alignment(const fb::Program* program) {
+  bool ok = program->constant_segment() == nullptr ||
+            aligned_items(program->constant_segment()->offsets());
+  const auto* plans = program->execution_plan();
+  for (size_t i = 0; plans != nullptr && i < plans->size(); ++i) {
+    const fb::ExecutionPlan* plan = plans->Get(flatbuffers::uoffset_t(i));
+    if (plan == nullptr) continue;
+    ok = ok && aligned_items(plan->non_const_buffer_sizes());
+    if (plan->values() == nullptr) continue;
+    for (const fb::EValue* v : *plan->values()) {
+      if (v == nullptr) continue;
+      if (const fb::IntList* ints = v->val_as_IntList())
+        ok = ok && aligned_items(ints->items());
+      else if (const fb::DoubleList* doubles = v->val_as_DoubleList())
+        ok = ok && aligned_items(doubles->items());
+    }
+  }
+  return ok ? Error::Ok
+            : fail(Error::InvalidProgram,
+                   "the program has a misaligned 8-byte vector (corrupt file); rebuild it or "
+                   "copy it again");
+}
+
 // Checks the program's content against its checksums; Ok when it carries none (ExecuTorch's
 // programs do not).
 Error verify_content(const fb::Program* program, const uint8_t* data, size_t program_size,
@@ -151,6 +181,7 @@ Result<Program> Program::load(const DataLoader* loader, bool verify_checksums) {
   if (!fb::VerifyProgramBuffer(verifier))
     return fail(Error::InvalidProgram, "program flatbuffer failed verification (corrupt file)");
   const fb::Program* program = fb::GetProgram(data);
+  ETB_TRY(check_vector_alignment(program));
 
   const uint8_t* segment_ptr = nullptr;
   if (segment_size > 0) {

@@ -1,0 +1,86 @@
+"""A short fuzzing campaign on every run (CI sets ETB_SANITIZER_TESTS=1): libFuzzer mutates
+seed programs (tests/fuzz/make_corpus.py: fp32 with a dynamic batch, int8, attention with
+int64 tokens) and loads and runs each mutant in the sanitized runtime (tests/fuzz/). Every
+file in tests/fuzz/regressions/ (a crash a campaign once found, kept) is replayed first.
+bench/fuzz.py runs a long campaign."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("ETB_SANITIZER_TESTS") != "1", reason="set ETB_SANITIZER_TESTS=1"
+)
+
+FUZZ_DIR = Path(__file__).resolve().parents[1] / "fuzz"
+CAMPAIGN_SECONDS = 60
+
+
+def build_fuzzer(build: Path) -> Path:
+    """Configures and builds tests/fuzz with clang; returns the fuzzer binary."""
+    from etbuild.pipeline.paths import RUNTIME_SRC_DIR
+
+    if shutil.which("clang++") is None:
+        pytest.skip("clang is needed for libFuzzer (apt-get install clang)")
+    cfg = subprocess.run(
+        ["cmake", "-S", str(FUZZ_DIR), "-B", str(build), "-G", "Ninja",
+         "-DCMAKE_CXX_COMPILER=clang++", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+         f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cfg.returncode == 0, cfg.stdout[-3000:] + cfg.stderr[-3000:]
+    res = subprocess.run(
+        ["cmake", "--build", str(build), "-j2", "--target", "etb_program_fuzzer"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return build / "etb_program_fuzzer"
+
+
+FUZZ_ENV = {
+    **os.environ,
+    "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
+
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fuzzer(tmp_path_factory.mktemp("fuzz_build"))
+
+
+def test_the_kept_crashes_stay_fixed(fuzzer: Path, tmp_path: Path) -> None:
+    cases = sorted((FUZZ_DIR / "regressions").glob("*"))
+    cases = [c for c in cases if c.is_file() and c.name != "README.md"]
+    if not cases:
+        pytest.skip("no regression inputs kept yet")
+    res = subprocess.run([str(fuzzer), *map(str, cases)], capture_output=True, text=True,
+                         env=FUZZ_ENV, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
+def test_a_short_campaign_finds_nothing(fuzzer: Path, tmp_path: Path) -> None:
+    sys.path.insert(0, str(FUZZ_DIR))
+    from make_corpus import make_corpus
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus)
+    res = subprocess.run(
+        [str(fuzzer), str(corpus), f"-max_total_time={CAMPAIGN_SECONDS}", "-timeout=10",
+         "-rss_limit_mb=4096", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"],
+        capture_output=True, text=True, env=FUZZ_ENV, timeout=CAMPAIGN_SECONDS + 300,
+    )  # fmt: skip
+    found = sorted(p.name for p in tmp_path.glob("*") if p.name.startswith(("crash-", "leak-",
+                   "timeout-", "oom-")))  # fmt: skip
+    if found:  # keep them as regression inputs for the next runs (and a human to fix)
+        for name in found:
+            shutil.copy(tmp_path / name, FUZZ_DIR / "regressions" / name)
+    assert res.returncode == 0 and not found, (found, res.stderr[-4000:])
+    runs = [line for line in res.stderr.splitlines() if "stat::number_of_executed_units" in line]
+    assert runs and int(runs[-1].split(":")[-1]) > 1000, res.stderr[-2000:]
