@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, process_group
 from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
@@ -154,8 +154,8 @@ def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
     with open(log, "ab") as f:
         f.write(("$ " + " ".join(cmd) + "\n").encode())
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
-    if proc.returncode != 0:
+        returncode = process_group.run(cmd, f, cwd=str(cwd) if cwd else None)
+    if returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-30:]
         raise EtbuildError(f"{what} failed (full log: {log}):\n" + "\n".join(tail))
 
