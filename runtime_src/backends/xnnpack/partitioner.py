@@ -570,17 +570,8 @@ class _Writer:
     def lower(self, n: fx.Node) -> None:
         t = n.target
         if t is aten.convolution.default:
-            self._conv(
-                n,
-                n.args[0],
-                self.g.const(n.args[1]),
-                n.args[2],
-                n.args[3],
-                n.args[4],
-                n.args[5],
-                n.args[8],
-                None,
-            )
+            x, w, bias, stride, padding, dilation, _, _, groups = n.args[:9]
+            self._conv(n, x, self.g.const(w), bias, stride, padding, dilation, groups)
         elif t is qops.conv2d.default:
             self._qconv(n)
         elif t in (aten.addmm.default, aten.mm.default, aten.linear.default):
@@ -629,7 +620,7 @@ class _Writer:
         self.define(n, layout, vid)
         return vid
 
-    def _conv_table(self, n, x_id, w_id, b_id, out_id, stride, padding, dilation, groups, wshape):
+    def _conv_table(self, x_id, w_id, b_id, out_id, stride, padding, dilation, groups, wshape):
         o, i_per_group, kh, kw = wshape
         c = _XNNNodeConv._XNNNodeConvT()
         c.paddingTop = c.paddingBottom = int(padding[0])
@@ -645,20 +636,21 @@ class _Writer:
     def _depthwise(wshape, groups) -> bool:
         return groups > 1 and wshape[1] == 1 and wshape[0] % groups == 0
 
-    def _conv(self, n, x, w, bias, stride, padding, dilation, groups, _):
+    def _fp32_constant(self, t: torch.Tensor) -> int:
+        t = t.to(torch.float32).contiguous()
+        return self._value(XNNDatatype.xnn_datatype_fp32, list(t.shape) or [1], data=_bytes(t))
+
+    def _fp32_bias(self, bias: fx.Node | None) -> int:
+        return INVALID if bias is None else self._fp32_constant(self.g.const(bias).reshape(-1))
+
+    def _conv(self, n, x, w, bias, stride, padding, dilation, groups):
         wshape = list(w.shape)
         depthwise = self._depthwise(wshape, groups)
-        # OHWI; depthwise: 1HW(O)
-        wt = w.permute(1, 2, 3, 0) if depthwise else w.permute(0, 2, 3, 1)
-        wt = wt.to(torch.float32).contiguous()
-        w_id = self._value(XNNDatatype.xnn_datatype_fp32, list(wt.shape), data=_bytes(wt))
-        b_id = INVALID
-        if bias is not None:
-            b = self.g.const(bias).to(torch.float32).contiguous()
-            b_id = self._value(XNNDatatype.xnn_datatype_fp32, [b.numel()], data=_bytes(b))
+        w_id = self._fp32_constant(_filter(w, depthwise))
+        b_id = self._fp32_bias(bias)
         x_id = self.get(x, Layout.NHWC)
         out = self._out(n, Layout.NHWC)
-        c = self._conv_table(n, x_id, w_id, b_id, out, stride, padding, dilation, groups, wshape)
+        c = self._conv_table(x_id, w_id, b_id, out, stride, padding, dilation, groups, wshape)
         kind = XNodeUnion.XNNDepthwiseConv2d if depthwise else XNodeUnion.XNNConv2d
         self._node(kind, c, out)
 
@@ -672,7 +664,7 @@ class _Writer:
         if scales.numel() == 1:
             scales = scales.expand(wshape[0]).contiguous()
         depthwise = self._depthwise(wshape, groups)
-        wt = (wq.permute(1, 2, 3, 0) if depthwise else wq.permute(0, 2, 3, 1)).contiguous()
+        wt = _filter(wq, depthwise)
         channel_dim = 3 if depthwise else 0
         w_id = self._value(
             XNNDatatype.xnn_datatype_qcint8,
@@ -683,7 +675,7 @@ class _Writer:
         b_id = self._qbias(bias, float(xs), scales)
         x_id = self.get(x, Layout.NHWC)
         out = self._out(n, Layout.NHWC)
-        c = self._conv_table(n, x_id, w_id, b_id, out, stride, padding, dilation, groups, wshape)
+        c = self._conv_table(x_id, w_id, b_id, out, stride, padding, dilation, groups, wshape)
         kind = XNodeUnion.XNNDepthwiseConv2d if depthwise else XNodeUnion.XNNConv2d
         node = self._node(kind, c, out)
         _clamp_q(node, omin, omax, self.qparams[n])
@@ -714,13 +706,7 @@ class _Writer:
             x, w = n.args[:2]
             bias = _arg(n, 2, "bias")
             weight = self.g.const(w)
-        weight = weight.to(torch.float32).contiguous()
-        w_id = self._value(XNNDatatype.xnn_datatype_fp32, list(weight.shape), data=_bytes(weight))
-        b_id = INVALID
-        if bias is not None:
-            b = self.g.const(bias).to(torch.float32).contiguous()
-            b_id = self._value(XNNDatatype.xnn_datatype_fp32, [b.numel()], data=_bytes(b))
-        self._fc(n, x, w_id, b_id)
+        self._fc(n, x, self._fp32_constant(weight), self._fp32_bias(bias))
 
     def _qlinear(self, n):
         x, xs, xzp, w, ws, bias, os_, ozp, omin, omax = n.args
@@ -761,12 +747,8 @@ class _Writer:
         shape_in = _dims(list(_val(x).shape), Layout.NCHW)
         xf = self._value(XNNDatatype.xnn_datatype_fp32, shape_in)
         self._convert(x_id, xf)
-        wf = (weight.to(torch.float32) * scales.reshape(-1, 1)).contiguous()
-        w_id = self._value(XNNDatatype.xnn_datatype_fp32, list(wf.shape), data=_bytes(wf))
-        b_id = INVALID
-        if bias is not None:
-            b = self.g.const(bias).to(torch.float32).contiguous()
-            b_id = self._value(XNNDatatype.xnn_datatype_fp32, [b.numel()], data=_bytes(b))
+        w_id = self._fp32_constant(weight.to(torch.float32) * scales.reshape(-1, 1))
+        b_id = self._fp32_bias(bias)
         yf = self._value(XNNDatatype.xnn_datatype_fp32, _dims(list(_val(n).shape), Layout.NCHW))
         f = XNNFullyConnected.XNNFullyConnectedT()
         f.input1Id, f.filterId, f.biasId, f.outputId, f.flags = xf, w_id, b_id, yf, 0
@@ -966,6 +948,12 @@ _CLAMPABLE = {
     XNodeUnion.XNNMaxPooling2d,
     XNodeUnion.XNNGlobalAvgPooling2d,
 }
+
+
+def _filter(w: torch.Tensor, depthwise: bool) -> torch.Tensor:
+    """A convolution's [O, I/groups, kh, kw] weight as XNNPACK's filter: OHWI, or for a
+    depthwise convolution 1HWO."""
+    return (w.permute(1, 2, 3, 0) if depthwise else w.permute(0, 2, 3, 1)).contiguous()
 
 
 def _offset(offset: int, size: int) -> ConstantDataOffset.ConstantDataOffsetT:

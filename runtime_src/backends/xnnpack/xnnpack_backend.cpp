@@ -265,6 +265,15 @@ struct NodeIo {
   uint32_t out = XNN_INVALID_VALUE_ID;
 };
 
+// A node of one input whose table is T.
+template <typename T>
+NodeIo one_input(const xs::XNode* n) {
+  const T* t = static_cast<const T*>(n->xnode_union());
+  NodeIo io;
+  io.in[0] = t->input_id(), io.out = t->output_id();
+  return io;
+}
+
 Result<NodeIo> node_io(const xs::XNode* n, size_t i) {
   NodeIo io;
   switch (n->xnode_union_type()) {
@@ -290,11 +299,7 @@ Result<NodeIo> node_io(const xs::XNode* n, size_t i) {
     case xs::XNodeUnion_XNNHardswish:
     case xs::XNodeUnion_XNNNegate:
     case xs::XNodeUnion_XNNSquare:
-    case xs::XNodeUnion_XNNAbs: {
-      const auto* u = static_cast<const xs::_XNNNode1x1*>(n->xnode_union());
-      io.in[0] = u->input_id(), io.out = u->output_id();
-      return io;
-    }
+    case xs::XNodeUnion_XNNAbs: return one_input<xs::_XNNNode1x1>(n);
     case xs::XNodeUnion_XNNConv2d:
     case xs::XNodeUnion_XNNDepthwiseConv2d:
     case xs::XNodeUnion_XNNConvTranspose2d: {
@@ -310,41 +315,14 @@ Result<NodeIo> node_io(const xs::XNode* n, size_t i) {
       return io;
     }
     case xs::XNodeUnion_XNNAvgPooling2d:
-    case xs::XNodeUnion_XNNMaxPooling2d: {
-      const auto* p = static_cast<const xs::_XNNPooling2D*>(n->xnode_union());
-      io.in[0] = p->input_id(), io.out = p->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNStaticTranspose: {
-      const auto* t = n->xnode_union_as_XNNStaticTranspose();
-      io.in[0] = t->input_id(), io.out = t->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNStaticReshape: {
-      const auto* r = n->xnode_union_as_XNNStaticReshape();
-      io.in[0] = r->input_id(), io.out = r->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNStaticConstantPad: {
-      const auto* p = n->xnode_union_as_XNNStaticConstantPad();
-      io.in[0] = p->input_id(), io.out = p->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNStaticResizeBilinear2D: {
-      const auto* r = n->xnode_union_as_XNNStaticResizeBilinear2D();
-      io.in[0] = r->input_id(), io.out = r->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNLeakyReLU: {
-      const auto* r = n->xnode_union_as_XNNLeakyReLU();
-      io.in[0] = r->input_id(), io.out = r->output_id();
-      return io;
-    }
-    case xs::XNodeUnion_XNNELU: {
-      const auto* r = n->xnode_union_as_XNNELU();
-      io.in[0] = r->input_id(), io.out = r->output_id();
-      return io;
-    }
+    case xs::XNodeUnion_XNNMaxPooling2d: return one_input<xs::_XNNPooling2D>(n);
+    case xs::XNodeUnion_XNNStaticTranspose: return one_input<xs::XNNStaticTranspose>(n);
+    case xs::XNodeUnion_XNNStaticReshape: return one_input<xs::XNNStaticReshape>(n);
+    case xs::XNodeUnion_XNNStaticConstantPad: return one_input<xs::XNNStaticConstantPad>(n);
+    case xs::XNodeUnion_XNNStaticResizeBilinear2D:
+      return one_input<xs::XNNStaticResizeBilinear2D>(n);
+    case xs::XNodeUnion_XNNLeakyReLU: return one_input<xs::XNNLeakyReLU>(n);
+    case xs::XNodeUnion_XNNELU: return one_input<xs::XNNELU>(n);
     default:
       return fail(Error::NotSupported,
                   "xnnpack: node %zu is %s, which this backend does not run on the XNNPACK "
