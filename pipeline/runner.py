@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -70,6 +71,21 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# What a run writes into its directory before renaming it into place (write_atomic, the
+# runtime's copy, verify's inputs and outputs); a killed run leaves them behind.
+RUN_TEMPORARIES = (".runtime.*", ".verify.*", ".*.tmp")
+
+
+def remove_run_temporaries(run_dir: Path) -> None:
+    """Remove what a killed earlier run left in ``run_dir``."""
+    for pattern in RUN_TEMPORARIES:
+        for p in run_dir.glob(pattern):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 @dataclass
@@ -228,6 +244,7 @@ def run_stages(
         )
     selected = stages[: names.index(stop_after) + 1] if stop_after else stages
     run_dir.mkdir(parents=True, exist_ok=True)
+    remove_run_temporaries(run_dir)
     # Before any stage: a manifest left by an earlier run into this directory must not go on
     # saying "ok" beside this run's files if this run is killed.
     write_atomic(

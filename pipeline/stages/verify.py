@@ -44,7 +44,8 @@ class BuiltRunner:
     def run(
         self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0
     ) -> list[torch.Tensor]:
-        with tempfile.TemporaryDirectory(prefix="etb_verify_") as tmp:
+        # In the run directory, where a killed run's leftovers are removed by the next run.
+        with tempfile.TemporaryDirectory(dir=self.program.parent, prefix=".verify.") as tmp:
             d = Path(tmp)
             cmd = [*self.prefix, str(self.runner), str(self.program)]
             for i, t in enumerate(inputs):

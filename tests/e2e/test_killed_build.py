@@ -64,3 +64,17 @@ def test_sigkill_during_the_cxx_build_leaves_no_compiler_and_no_stale_state(tmp_
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "ok"
     stale = [p.name for p in (cache / "builds").iterdir() if p.name.startswith(".")]
     assert stale == [], stale
+
+
+def test_a_run_removes_what_a_killed_run_left_in_its_directory(tmp_path) -> None:
+    from etbuild.pipeline.runner import remove_run_temporaries
+
+    run_dir = tmp_path / "run"
+    for d in (".runtime.abc123/runtime/bin", ".verify.k2j3/", ".hydra"):
+        (run_dir / d).mkdir(parents=True)
+    (run_dir / ".manifest.json.x1y2.tmp").write_text("{")
+    (run_dir / ".hydra" / "config.yaml").write_text("a: 1")
+    (run_dir / "model.pte").write_bytes(b"program")
+    remove_run_temporaries(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "model.pte"]
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
