@@ -481,7 +481,7 @@ class _Writer:
     def define(self, node: fx.Node, layout: Layout, value_id: int) -> None:
         self.ids[node] = {layout: value_id}
 
-    def operand(self, a, like: fx.Node, layout: Layout) -> int:
+    def operand(self, a, layout: Layout) -> int:
         """A tensor operand, or a Python number as a one-element constant."""
         if isinstance(a, fx.Node):
             if self.g.is_const(a) and a not in self.ids:
@@ -506,9 +506,12 @@ class _Writer:
         self._input_qparams(inputs)
         for i, n in enumerate(inputs):
             v = _val(n)
-            flags = EXTERNAL_INPUT
             vid = self._value(
-                _dtype(v), list(v.shape) or [1], q=self.qparams.get(n), external=i, flags=flags
+                _dtype(v),
+                list(v.shape) or [1],
+                q=self.qparams.get(n),
+                external=i,
+                flags=EXTERNAL_INPUT,
             )
             self.define(n, Layout.NCHW, vid)
         for n in g.fx_graph.nodes:
@@ -780,7 +783,7 @@ class _Writer:
             and any(Layout.NHWC in self.ids[v] for v in tensors)
         ):
             layout = Layout.NHWC
-        a_id, b_id = self.operand(a, n, layout), self.operand(b, n, layout)
+        a_id, b_id = self.operand(a, layout), self.operand(b, layout)
         out = self._out(n, layout)
         t = _XNNNode2x1._XNNNode2x1T()
         t.input1Id, t.input2Id, t.outputId, t.flags = a_id, b_id, out, 0
