@@ -292,26 +292,81 @@ class TargetConfig:
 
 
 class Planner(Enum):
-    greedy = "greedy"
+    """How the planner places storages (one storage: a tensor, its views and in-place reuses).
+
+    The greedy planners take storages in an order (largest first; most lifetime overlaps
+    first) and give each the cheapest bank where it fits, at the lowest free offset;
+    ``hill_climb`` refines the better greedy order by swapping storages while the cost falls;
+    ``naive`` gives every storage its own bytes (the no-reuse baseline)."""
+
+    greedy_by_size = "greedy_by_size"
+    greedy_by_conflicts = "greedy_by_conflicts"
+    hill_climb = "hill_climb"
     naive = "naive"
+
+
+class Schedule(Enum):
+    """The instruction order: the exported one, or reordered to lower the peak memory."""
+
+    program = "program"
+    min_peak = "min_peak"
+
+
+class BankContent(Enum):
+    """What a bank may hold: planned activations, the kernels' scratch memory, constants
+    (a constants bank, such as flash, holds the program and its weights in place)."""
+
+    activations = "activations"
+    scratch = "scratch"
+    constants = "constants"
+
+
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+SECTION = r"\.[A-Za-z0-9_.]+"
 
 
 @dataclass
 class BankConfig:
-    """One memory bank. ``size_bytes`` caps what the planner may place in it."""
+    """One memory bank of the target. ``size_bytes`` caps what it holds (null: unbounded);
+    ``read_cost``/``write_cost`` are relative cycles per byte, which the planner minimises;
+    ``alignment`` (null: memory.alignment) aligns every tensor in it; ``section`` is the
+    linker section a firmware places it in (null: the default .bss) and ``region`` the linker
+    script's MEMORY region that section goes to."""
 
-    name: str = "sram"
+    name: str = field(
+        default="sram", metadata={"pattern": IDENTIFIER, "expected": "a C identifier"}
+    )
     size_bytes: int | None = bounded(None, gt=0)
+    read_cost: float = bounded(1.0, gt=0)
+    write_cost: float = bounded(1.0, gt=0)
+    alignment: int | None = bounded(None, power_of_two=True)
+    holds: list[BankContent] = field(
+        default_factory=lambda: [BankContent.activations, BankContent.scratch]
+    )
+    section: str | None = field(
+        default=None,
+        metadata={"pattern": SECTION, "expected": "a linker section name such as .dtcm_bss"},
+    )
+    # The linker script's MEMORY region the section goes to (null: the section is placed by
+    # the application's own linker script).
+    region: str | None = field(
+        default=None, metadata={"pattern": IDENTIFIER, "expected": "a linker MEMORY region name"}
+    )
 
 
 @dataclass
 class MemoryConfig:
-    """The memory hierarchy: banks the planner places activations in. Absent: one flat bank."""
+    """The memory hierarchy: the banks of the target, cheapest placement first.
 
-    planner: Planner = Planner.greedy
+    Absent: one unbounded bank. ``scratch_bytes`` reserves the kernels' scratch memory in a
+    bank that holds scratch (null: the application provides it at run time)."""
+
+    planner: Planner = Planner.greedy_by_size
+    schedule: Schedule = Schedule.program
     alignment: int = bounded(16, power_of_two=True)
     # Let elementwise ops write their output over an input that dies at that op.
     in_place: bool = True
+    scratch_bytes: int | None = bounded(None, gt=0)
     banks: list[BankConfig] = field(default_factory=lambda: [BankConfig()])
 
 
@@ -568,6 +623,29 @@ def dynamic_dim_problem(d: DictConfig, names: list[str], shape: list[int]) -> st
     return None
 
 
+def memory_problems(mem: DictConfig) -> Iterator[str]:
+    """What is wrong with the bank list as a whole, each with its fix."""
+    names = [str(b.name) for b in mem.banks]
+    if not names:
+        yield "memory.banks is empty: list at least one bank (name, size_bytes)"
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        yield f"memory.banks: two banks are named {name!r}; give each bank its own name"
+    sections = [str(b.section) for b in mem.banks if b.section is not None]
+    for section in sorted({s for s in sections if sections.count(s) > 1}):
+        yield f"memory.banks: two banks share linker section {section!r}; give each its own"
+    holds = {str(b.name): {BankContent(h) for h in b.holds} for b in mem.banks}
+    if names and not any(BankContent.activations in h for h in holds.values()):
+        yield (
+            "memory.banks: no bank holds activations; add 'activations' to the holds of a "
+            "RAM bank"
+        )
+    if mem.scratch_bytes is not None and not any(BankContent.scratch in h for h in holds.values()):
+        yield (
+            f"memory.scratch_bytes={mem.scratch_bytes} needs a bank that holds scratch; add "
+            "'scratch' to the holds of a RAM bank, or set memory.scratch_bytes=null"
+        )
+
+
 def validate(cfg: DictConfig) -> DictConfig:
     """Check a composed config against the schema.
 
@@ -590,5 +668,7 @@ def validate(cfg: DictConfig) -> DictConfig:
             "(e.g. model._target_=my_pkg.make_model) or in your config"
         )
     for problem in input_problems(cfg.model):
+        raise EtbuildError(problem)
+    for problem in memory_problems(cfg.memory):
         raise EtbuildError(problem)
     return cfg

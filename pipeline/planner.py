@@ -182,13 +182,13 @@ def plan_memory(
     storages, reuses = build_storages(program, alignment, in_place)
     placed: list[list[Storage]] = [[] for _ in banks]
     ends = [0] * len(banks)
-    if planner == "greedy":
+    if planner != "naive":
         order = sorted(storages, key=lambda s: (-s.size, s.start, s.end))
     else:
         order = sorted(storages, key=lambda s: (s.start, s.end))
     for st in order:
         for b, (_name, capacity) in enumerate(banks):
-            offset = _first_fit(st, placed[b], alignment) if planner == "greedy" else ends[b]
+            offset = _first_fit(st, placed[b], alignment) if planner != "naive" else ends[b]
             if capacity is None or offset + st.size <= capacity:
                 st.bank, st.offset = b, offset
                 placed[b].append(st)

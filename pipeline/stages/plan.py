@@ -14,7 +14,7 @@ def run(ctx: Context) -> None:
     banks = [(b.name, b.size_bytes) for b in mem.banks]
     planner = mem.planner.value if hasattr(mem.planner, "value") else str(mem.planner)
     plan = plan_memory(program, banks, mem.alignment, planner, mem.in_place)
-    other = "naive" if planner == "greedy" else "greedy"
+    other = "naive" if planner != "naive" else "greedy_by_size"
     baseline = plan_memory(
         program, [(n, None) for n, _ in banks], mem.alignment, other, mem.in_place
     )

@@ -51,7 +51,7 @@ def test_defaults_compose() -> None:
     assert cfg.quant.scheme == QuantScheme.none
     assert cfg.partitioner.name == "none"
     assert cfg.target.kind == TargetKind.host and cfg.target.name == "host"
-    assert cfg.memory.planner == Planner.greedy
+    assert cfg.memory.planner == Planner.greedy_by_size
     assert len(cfg.memory.banks) == 1 and cfg.memory.banks[0].size_bytes is None
     assert cfg.pipeline.stop_after is None
     # Defaults are a valid build request.
@@ -151,7 +151,7 @@ def test_unknown_option_names_the_available_options() -> None:
 @pytest.mark.parametrize(
     ("override", "key", "allowed"),
     [
-        ("memory.planner=best", "memory.planner", ["greedy", "naive"]),
+        ("memory.planner=best", "memory.planner", ["greedy_by_size", "naive"]),
         ("quant.scheme=int3", "quant.scheme", [s.value for s in QuantScheme]),
         ("target.kind=windows", "target.kind", [k.value for k in TargetKind]),
         ("pipeline.stop_after=lowr", "pipeline.stop_after", [s.value for s in StageName]),
@@ -431,7 +431,7 @@ def test_cli_unknown_option_and_enum(tmp_path: Path) -> None:
     proc = run_cli(["model=mobilnet", f"hydra.run.dir={tmp_path}/run"], tmp_path)
     _assert_clean_failure(proc, "mobilnet", "mobilenet_v3_small", "transformer")
     proc = run_cli(["model=mlp", "memory.planner=best", f"hydra.run.dir={tmp_path}/run"], tmp_path)
-    _assert_clean_failure(proc, "memory.planner", "greedy", "naive")
+    _assert_clean_failure(proc, "memory.planner", "greedy_by_size", "naive")
 
 
 def test_cli_missing_target_toolchain(tmp_path: Path) -> None:

@@ -219,7 +219,7 @@ def chain(n: int, numel: int = 256) -> Program:
 
 def test_chain_reuses_memory() -> None:
     program = chain(6)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", in_place=False)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", in_place=False)
     check_plan(program, plan, [("sram", None)])
     # x dies at the first mm; then two ping-pong buffers are live at most: 2 x 1 KiB.
     assert plan.lower_bound == 2 * 1024
@@ -231,7 +231,7 @@ def test_chain_reuses_memory() -> None:
 
 def test_chain_in_place() -> None:
     program = chain(6)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", in_place=True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", in_place=True)
     check_plan(program, plan, [("sram", None)])
     assert plan.in_place_reuses == 6
     # every relu writes over its input: one buffer for the whole chain
@@ -249,7 +249,7 @@ def test_unused_view_does_not_extend_lifetime() -> None:
     d = b.mm("d", c, c, 256)  # live [2, 3]
     b.view("d_view", d)  # never read
     program = b.output(b.mm("e", d, d, 256))
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", False)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", False)
     check_plan(program, plan, [("sram", None)])
     st = next(s for s in plan.storages if d in s.members)
     assert (st.start, st.end) == (2, 3)
@@ -258,7 +258,7 @@ def test_unused_view_does_not_extend_lifetime() -> None:
 
 
 @pytest.mark.parametrize("seed", range(60))
-@pytest.mark.parametrize("planner", ["greedy", "naive"])
+@pytest.mark.parametrize("planner", ["greedy_by_size", "naive"])
 def test_random_programs_never_overlap_live_tensors(seed: int, planner: str) -> None:
     rng = random.Random(seed)
     program = random_program(rng, rng.randint(1, 40))
@@ -280,7 +280,7 @@ def test_greedy_between_lower_bound_and_naive(seed: int) -> None:
     program = random_program(rng, rng.randint(5, 40))
     alignment = rng.choice([16, 64])
     for in_place in (False, True):
-        greedy = plan_memory(program, [("sram", None)], alignment, "greedy", in_place)
+        greedy = plan_memory(program, [("sram", None)], alignment, "greedy_by_size", in_place)
         naive = plan_memory(program, [("sram", None)], alignment, "naive", in_place)
         assert greedy.lower_bound == naive.lower_bound
         assert greedy.lower_bound <= sum(greedy.bank_sizes) <= sum(naive.bank_sizes)
@@ -294,7 +294,7 @@ def test_random_programs_multi_bank(seed: int) -> None:
     program = random_program(rng, rng.randint(5, 30))
     largest = max(align_up(v.nbytes, 16) for v in program.values if not v.is_constant)
     banks = [("tcm", largest + rng.choice([0, 16, 1024])), ("sram", None)]
-    plan = plan_memory(program, banks, 16, rng.choice(["greedy", "naive"]), rng.random() < 0.5)
+    plan = plan_memory(program, banks, 16, rng.choice(["greedy_by_size", "naive"]), rng.random() < 0.5)
     check_plan(program, plan, banks)
     assert plan.bank_sizes[0] <= banks[0][1]
 
@@ -308,7 +308,7 @@ def test_alignment_respected(alignment: int) -> None:
     for i, y in enumerate(ys[1:]):
         z = b.mm(f"z{i}", z, y, 7)
     program = b.output(z)
-    for planner in ("greedy", "naive"):
+    for planner in ("greedy_by_size", "naive"):
         plan = plan_memory(program, [("sram", None)], alignment, planner, True)
         check_plan(program, plan, [("sram", None)])
         for v in program.values:
@@ -342,11 +342,11 @@ def test_in_place_when_input_dies() -> None:
     r = b.relu("r", h)  # h dies here: r may take its bytes
     out = b.mm("out", r, r, 64)
     program = b.output(out)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.in_place_reuses == 1
     assert plan.where(h) == plan.where(r)
-    off = plan_memory(program, [("sram", None)], 16, "greedy", False)
+    off = plan_memory(program, [("sram", None)], 16, "greedy_by_size", False)
     assert off.in_place_reuses == 0
     assert off.where(h) != off.where(r)
 
@@ -358,7 +358,7 @@ def test_no_in_place_when_input_lives_on() -> None:
     r = b.relu("r", h)
     out = b.add("out", r, h)  # h is still needed after the relu
     program = b.output(out)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.where(h) != plan.where(r)
     # the add may write over r or h (both die there), but never over anything else
@@ -374,7 +374,7 @@ def test_no_in_place_when_a_view_lives_on() -> None:
     r = b.relu("r", h)
     out = b.add("out", r, hv)  # h's bytes are still read through the view
     program = b.output(out)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.where(h) != plan.where(r)
 
@@ -384,7 +384,7 @@ def test_no_in_place_over_graph_input() -> None:
     x = b.input("x", 64)
     r = b.relu("r", x)  # x dies here, but the caller owns it
     program = b.output(b.mm("out", r, r, 64))
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.in_place_reuses == 0
     assert plan.where(x) != plan.where(r)
@@ -396,7 +396,7 @@ def test_no_in_place_over_graph_output() -> None:
     h = b.mm("h", x, x, 64)
     r = b.relu("r", h)  # h is its last use here, but h is also a program output
     program = b.output(r, h)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.in_place_reuses == 0
     assert plan.where(h) != plan.where(r)
@@ -408,7 +408,7 @@ def test_in_place_output_may_be_graph_output() -> None:
     h = b.mm("h", x, x, 64)
     r = b.relu("r", h)
     program = b.output(r)
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.where(h) == plan.where(r)
     # the merged storage holds an output now, so the next op may not write over it
@@ -422,7 +422,7 @@ def test_no_in_place_for_non_elementwise_op() -> None:
     h = b.mm("h", x, x, 64)
     m = b.mm("m", h, x, 64)  # mm cannot write over its input
     program = b.output(b.relu("out", m))
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.where(h) != plan.where(m)
 
@@ -434,7 +434,7 @@ def test_no_in_place_across_dtype_or_shape() -> None:
     big = b.mm("big", x, x, 64)
     out = b.add("out", big, h)  # broadcast-ish: h has another shape than the output
     program = b.output(b.mm("y", out, out, 4))
-    plan = plan_memory(program, [("sram", None)], 256, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 256, "greedy_by_size", True)
     check_plan(program, plan, [("sram", None)])
     assert plan.where(out) != plan.where(h)
 
@@ -445,7 +445,7 @@ def test_in_place_over_constant_is_never_done() -> None:
     x = b.input("x", 64)
     out = b.add("out", w, x)
     program = b.output(b.mm("y", out, out, 4))
-    plan = plan_memory(program, [("sram", None)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", None)], 16, "greedy_by_size", True)
     assert plan.in_place_reuses == 0
     assert id(w) not in plan.location
 
@@ -463,7 +463,7 @@ def _two_live(numel: int = 256) -> Program:
 def test_bank_overflow_message() -> None:
     program = _two_live()  # x, y and z: 1 KiB each
     with pytest.raises(EtbuildError) as info:
-        plan_memory(program, [("sram", 1500)], 16, "greedy", True)
+        plan_memory(program, [("sram", 1500)], 16, "greedy_by_size", True)
     msg = str(info.value)
     assert "does not fit" in msg
     assert "sram=1500" in msg
@@ -473,12 +473,12 @@ def test_bank_overflow_message() -> None:
 
 def test_bank_exactly_large_enough() -> None:
     program = _two_live()
-    plan = plan_memory(program, [("sram", 2048)], 16, "greedy", True)
+    plan = plan_memory(program, [("sram", 2048)], 16, "greedy_by_size", True)
     check_plan(program, plan, [("sram", 2048)])
     assert plan.bank_sizes == [2048]
 
 
-@pytest.mark.parametrize("planner", ["greedy", "naive"])
+@pytest.mark.parametrize("planner", ["greedy_by_size", "naive"])
 def test_spill_to_second_bank(planner: str) -> None:
     program = _two_live()
     banks = [("tcm", 1024), ("sram", None)]
@@ -494,7 +494,7 @@ def test_spill_to_second_bank(planner: str) -> None:
 def test_first_bank_preferred_when_it_fits() -> None:
     program = _two_live()
     banks = [("tcm", 1 << 20), ("sram", None)]
-    plan = plan_memory(program, banks, 16, "greedy", True)
+    plan = plan_memory(program, banks, 16, "greedy_by_size", True)
     assert plan.bank_sizes[1] == 0
     assert {plan.where(v)[0] for v in program.values} == {0}
 
@@ -502,4 +502,4 @@ def test_first_bank_preferred_when_it_fits() -> None:
 def test_overflow_of_every_bank() -> None:
     program = _two_live(1024)  # 4 KiB tensors
     with pytest.raises(EtbuildError, match=r"tcm=1024, sram=2048"):
-        plan_memory(program, [("tcm", 1024), ("sram", 2048)], 16, "greedy", True)
+        plan_memory(program, [("tcm", 1024), ("sram", 2048)], 16, "greedy_by_size", True)
