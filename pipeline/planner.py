@@ -50,6 +50,10 @@ class Plan:
     alignment: int
     planner: str
     in_place_reuses: int = 0
+    # Per planned bank (the program's memory ids 1..n): the alignment of its buffer.
+    bank_alignments: list[int] = field(default_factory=list)
+    # The kernels' scratch memory when memory.scratch_bytes reserves it: (bank, offset, bytes).
+    scratch: tuple[int, int, int] | None = None
     location: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(tensor) -> (bank, off)
 
     def where(self, value: TensorValue) -> tuple[int, int]:
@@ -210,5 +214,6 @@ def plan_memory(
         alignment=alignment,
         planner=planner,
         in_place_reuses=reuses,
+        bank_alignments=[alignment] * len(banks),
         location=location,
     )
