@@ -366,6 +366,8 @@ class MemoryConfig:
     alignment: int = bounded(16, power_of_two=True)
     # Let elementwise ops write their output over an input that dies at that op.
     in_place: bool = True
+    # Let the producers of a concatenation's inputs write into its output (no copy).
+    concat_in_place: bool = True
     scratch_bytes: int | None = bounded(None, gt=0)
     banks: list[BankConfig] = field(default_factory=lambda: [BankConfig()])
 

@@ -20,7 +20,8 @@ class TensorValue:
     """A tensor of the program: a constant, an input, or an activation the planner places.
 
     ``shape`` is exact for static tensors and the upper bound for dynamic ones. A value with
-    ``alias_of`` shares that value's storage (a view that needs no data movement).
+    ``alias_of`` shares that value's storage, ``alias_offset`` bytes into it (a view that
+    needs no data movement, or a slice of a concatenation that its producer writes in place).
     """
 
     name: str
@@ -30,6 +31,7 @@ class TensorValue:
     sym_shape: tuple[str, ...] = ()
     data: torch.Tensor | None = None
     alias_of: TensorValue | None = None
+    alias_offset: int = 0
     is_input: bool = False
     is_output: bool = False
 
@@ -43,6 +45,14 @@ class TensorValue:
         for s in self.shape:
             numel *= s
         return numel * self.dtype.itemsize
+
+    def storage_offset(self) -> int:
+        """Bytes from the start of the storage root to this value's data."""
+        offset, v = 0, self
+        while v.alias_of is not None:
+            offset += v.alias_offset
+            v = v.alias_of
+        return offset
 
     def storage_root(self) -> TensorValue:
         v = self

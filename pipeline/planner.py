@@ -1,42 +1,85 @@
-"""Memory planning: tensor lifetimes, storage sharing, and offsets in memory banks.
+"""Memory planning: tensor lifetimes, storage sharing, and a bank and offset for each storage.
 
 A *storage* is the memory one or more tensors share: a tensor and the views aliasing it, and
 (when ``in_place`` is on) the output of an elementwise op written over an input that dies at
 that op. Storages whose lifetimes overlap must not overlap in memory.
 
-Two planners: ``greedy`` places the largest storages first, each at the lowest aligned offset
-that is free for its whole lifetime; ``naive`` gives every storage its own bytes. The
-peak-live lower bound is the largest sum of storage sizes alive at one instruction: no plan
-can use less.
+Banks have capacities and access costs (relative cycles per byte read and written). A
+placement puts each storage in a bank that may hold it, at the lowest free aligned offset
+there, and costs the bytes each storage moves times its bank's cost. The planners differ in
+the order they place storages in, each taking the cheapest bank with room:
+
+- ``greedy_by_size``: largest first (ties: earliest);
+- ``greedy_by_conflicts``: most lifetime overlaps first, then largest (TVM USMP's order);
+- ``hill_climb``: starts from the better greedy order and swaps pairs of storages, keeping a
+  swap when the placement fits and costs no more (then uses no more bytes); seeded, so the
+  plan is reproducible;
+- ``naive``: every storage its own bytes (the no-reuse baseline).
+
+The peak-live lower bound is the largest sum of storage sizes alive at one instruction: no
+plan can use less memory in total.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import EtbuildError
 from .ir import Instruction, Program, TensorValue
+
+PLANNERS = ("greedy_by_size", "greedy_by_conflicts", "hill_climb", "naive")
+ACTIVATIONS, SCRATCH, CONSTANTS = "activations", "scratch", "constants"
+# Hill-climb swaps tried per storage (bounded, so big graphs stay within a second or two).
+HILL_CLIMB_SWAPS_PER_STORAGE = 8
+HILL_CLIMB_MAX_SWAPS = 3000
 
 
 def align_up(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
+@dataclass(frozen=True)
+class Bank:
+    """A memory bank as the planner sees it (``capacity`` None: unbounded)."""
+
+    name: str
+    capacity: int | None = None
+    read_cost: float = 1.0
+    write_cost: float = 1.0
+    alignment: int | None = None  # None: the plan's alignment
+    holds: frozenset[str] = frozenset({ACTIVATIONS, SCRATCH})
+
+
 @dataclass(eq=False)
 class Storage:
-    """Memory shared by ``members``, live from instruction ``start`` to ``end`` inclusive."""
+    """Memory shared by ``members``, live from instruction ``start`` to ``end`` inclusive.
+
+    ``reads``/``writes`` count the bytes instructions (and the caller, for program inputs
+    and outputs) move through it; with a bank's costs they give the storage's access cost.
+    A storage without members is the kernels' scratch memory."""
 
     members: list[TensorValue]
     size: int
     start: int
     end: int
     pinned: bool = False  # holds a program input or output: never reused in place
-    bank: int = -1  # index into the bank list
+    bank: int = -1  # index into the plan's banks
     offset: int = -1
+    reads: int = 0
+    writes: int = 0
 
     @property
     def name(self) -> str:
-        return self.members[0].name
+        return self.members[0].name if self.members else "kernel scratch"
+
+    @property
+    def holds(self) -> str:
+        return ACTIVATIONS if self.members else SCRATCH
+
+    def cost(self, bank: Bank) -> float:
+        return self.reads * bank.read_cost + self.writes * bank.write_cost
 
 
 @dataclass
@@ -55,9 +98,19 @@ class Plan:
     # The kernels' scratch memory when memory.scratch_bytes reserves it: (bank, offset, bytes).
     scratch: tuple[int, int, int] | None = None
     location: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(tensor) -> (bank, off)
+    banks: list[Bank] = field(default_factory=list)
+    bank_costs: list[float] = field(default_factory=list)  # access cost placed in each bank
+
+    @property
+    def cost(self) -> float:
+        return sum(self.bank_costs)
 
     def where(self, value: TensorValue) -> tuple[int, int]:
         return self.location[id(value)]
+
+    def bank_lower_bound(self, bank: int) -> int:
+        """The peak-live bound of the storages placed in ``bank``."""
+        return peak_live([s for s in self.storages if s.bank == bank])
 
 
 def _uses(program: Program) -> tuple[dict[int, int], dict[int, int]]:
@@ -81,8 +134,34 @@ def _uses(program: Program) -> tuple[dict[int, int], dict[int, int]]:
     return first, last
 
 
+def reads_and_writes(ins: object) -> tuple[list[TensorValue], list[TensorValue]]:
+    """The non-constant tensors an instruction reads and those it writes (each once)."""
+    written = {id(r): r for r in ins.returns if isinstance(r, TensorValue)}
+    read: dict[int, TensorValue] = {}
+    for t in ins.tensors():
+        if not t.is_constant and id(t) not in written:
+            read.setdefault(id(t), t)
+    return list(read.values()), list(written.values())
+
+
+def _count_traffic(program: Program, owner: dict[int, Storage]) -> None:
+    """Bytes each storage moves: every read and write by an instruction, the caller's write
+    of an input and read of an output."""
+    for ins in program.instructions:
+        read, written = reads_and_writes(ins)
+        for t in read:
+            owner[id(t)].reads += t.nbytes
+        for t in written:
+            owner[id(t)].writes += t.nbytes
+    for v in program.inputs:
+        owner[id(v)].writes += v.nbytes
+    for v in program.outputs:
+        owner[id(v)].reads += v.nbytes
+
+
 def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[list[Storage], int]:
-    """Group tensors into storages with lifetimes; returns (storages, in-place reuses)."""
+    """Group tensors into storages with lifetimes and traffic; returns (storages, in-place
+    reuses)."""
     first, last = _uses(program)
     by_root: dict[int, Storage] = {}
     order: list[Storage] = []
@@ -140,80 +219,294 @@ def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[li
                 order.remove(out_st)
                 reuses += 1
                 break
+    _count_traffic(program, owner)
     return order, reuses
 
 
 def peak_live(storages: list[Storage]) -> int:
     """The largest total size of storages alive at one instruction."""
+    return live_at_peak(storages)[0]
+
+
+def live_at_peak(storages: list[Storage]) -> tuple[int, int]:
+    """(peak bytes, the first instruction index where the peak is reached)."""
     events: dict[int, int] = {}
     for s in storages:
         events[s.start] = events.get(s.start, 0) + s.size
         events[s.end + 1] = events.get(s.end + 1, 0) - s.size
     live = peak = 0
+    at = 0
     for t in sorted(events):
         live += events[t]
-        peak = max(peak, live)
-    return peak
+        if live > peak:
+            peak, at = live, t
+    return peak, at
 
 
 def _overlaps(a: Storage, b: Storage) -> bool:
     return a.start <= b.end and b.start <= a.end
 
 
-def _first_fit(st: Storage, placed: list[Storage], alignment: int) -> int:
-    """Lowest aligned offset where ``st`` fits beside the placed storages it is live with."""
-    busy = sorted((p.offset, p.offset + p.size) for p in placed if _overlaps(p, st))
-    offset = 0
-    for lo, hi in busy:
-        if offset + st.size <= lo:
-            break
-        offset = max(offset, align_up(hi, alignment))
-    return offset
+# -- placement ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Placement:
+    """One placement of all storages: (bank, offset) per storage index, and what it costs."""
+
+    where: list[tuple[int, int]]
+    ends: list[int]  # bytes used per bank
+    cost: float
+    unplaced: list[int]  # storage indices that found no room
+
+    def key(self) -> tuple[int, float, int]:
+        """What the planners minimise: room first, then access cost, then bytes."""
+        return (len(self.unplaced), self.cost, sum(self.ends))
+
+
+class _Placer:
+    """Places storages in a given order: each in the cheapest bank that may hold it and has
+    room, at the lowest aligned offset free for its whole lifetime."""
+
+    def __init__(self, storages: list[Storage], banks: list[Bank], alignment: int) -> None:
+        self.storages = storages
+        self.banks = banks
+        self.align = [b.alignment or alignment for b in banks]
+        n = len(storages)
+        self.conflicts: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            for j in range(i + 1, n):
+                if _overlaps(storages[i], storages[j]):
+                    self.conflicts[i].append(j)
+                    self.conflicts[j].append(i)
+        # Banks per storage, cheapest first for that storage's traffic (config order on ties).
+        self.choices = [
+            sorted(
+                (b for b, bank in enumerate(banks) if st.holds in bank.holds),
+                key=lambda b, st=st: (st.cost(banks[b]), b),
+            )
+            for st in storages
+        ]
+        self.raw = [
+            st.size if not st.members else st.members[0].storage_root().nbytes for st in storages
+        ]
+
+    def size_in(self, i: int, bank: int) -> int:
+        return align_up(self.raw[i], self.align[bank])
+
+    def place(self, order: Sequence[int]) -> _Placement:
+        where = [(-1, -1)] * len(self.storages)
+        ends = [0] * len(self.banks)
+        cost = 0.0
+        unplaced: list[int] = []
+        for i in order:
+            for b in self.choices[i]:
+                size = self.size_in(i, b)
+                busy = sorted(
+                    (where[j][1], where[j][1] + self.size_in(j, b))
+                    for j in self.conflicts[i]
+                    if where[j][0] == b
+                )
+                offset = 0
+                for lo, hi in busy:
+                    if offset + size <= lo:
+                        break
+                    offset = max(offset, align_up(hi, self.align[b]))
+                capacity = self.banks[b].capacity
+                if capacity is None or offset + size <= capacity:
+                    where[i] = (b, offset)
+                    ends[b] = max(ends[b], offset + size)
+                    cost += self.storages[i].cost(self.banks[b])
+                    break
+            else:
+                unplaced.append(i)
+        return _Placement(where, ends, cost, unplaced)
+
+    def place_naive(self) -> _Placement:
+        """Every storage its own bytes, in lifetime order."""
+        where = [(-1, -1)] * len(self.storages)
+        ends = [0] * len(self.banks)
+        cost = 0.0
+        unplaced: list[int] = []
+        for i in sorted(range(len(self.storages)), key=lambda i: self._lifetime(i)):
+            for b in self.choices[i]:
+                offset = align_up(ends[b], self.align[b])
+                size = self.size_in(i, b)
+                capacity = self.banks[b].capacity
+                if capacity is None or offset + size <= capacity:
+                    where[i] = (b, offset)
+                    ends[b] = offset + size
+                    cost += self.storages[i].cost(self.banks[b])
+                    break
+            else:
+                unplaced.append(i)
+        return _Placement(where, ends, cost, unplaced)
+
+    def _lifetime(self, i: int) -> tuple[int, int]:
+        return (self.storages[i].start, self.storages[i].end)
+
+    def by_size(self) -> list[int]:
+        return sorted(range(len(self.storages)), key=lambda i: (-self.raw[i], self._lifetime(i)))
+
+    def by_conflicts(self) -> list[int]:
+        return sorted(
+            range(len(self.storages)),
+            key=lambda i: (-len(self.conflicts[i]), -self.raw[i], self._lifetime(i)),
+        )
+
+    def hill_climb(self, start: list[int], seed: int = 0) -> tuple[list[int], _Placement]:
+        """Swap random pairs in the placement order, keeping swaps that do not make it worse."""
+        rng = random.Random(seed)
+        order = list(start)
+        best = self.place(order)
+        n = len(order)
+        if n < 2:
+            return order, best
+        for _ in range(min(HILL_CLIMB_MAX_SWAPS, HILL_CLIMB_SWAPS_PER_STORAGE * n)):
+            i, j = rng.sample(range(n), 2)
+            order[i], order[j] = order[j], order[i]
+            trial = self.place(order)
+            if trial.key() <= best.key():
+                best = trial
+            else:
+                order[i], order[j] = order[j], order[i]
+        return order, best
+
+
+def run_planner(placer: _Placer, planner: str) -> _Placement:
+    if planner == "naive":
+        return placer.place_naive()
+    if planner == "greedy_by_size":
+        return placer.place(placer.by_size())
+    if planner == "greedy_by_conflicts":
+        return placer.place(placer.by_conflicts())
+    if planner == "hill_climb":
+        starts = [placer.by_size(), placer.by_conflicts()]
+        start = min(starts, key=lambda order: placer.place(order).key())
+        return placer.hill_climb(start)[1]
+    raise EtbuildError(f"memory.planner={planner!r} is not one of: {', '.join(PLANNERS)}")
+
+
+def _as_bank(bank: Bank | tuple[str, int | None]) -> Bank:
+    return bank if isinstance(bank, Bank) else Bank(name=bank[0], capacity=bank[1])
 
 
 def plan_memory(
     program: Program,
-    banks: list[tuple[str, int | None]],
+    banks: Sequence[Bank | tuple[str, int | None]],
     alignment: int,
-    planner: str = "greedy",
+    planner: str = "greedy_by_size",
     in_place: bool = True,
+    scratch_bytes: int | None = None,
 ) -> Plan:
-    """Place every non-constant tensor in a bank; banks are tried in the order given."""
+    """Place every non-constant tensor (and ``scratch_bytes`` of kernel scratch, live for the
+    whole method) in the banks that hold activations; a ``(name, capacity)`` pair is a bank
+    with unit costs."""
     if alignment <= 0 or alignment & (alignment - 1):
         raise EtbuildError(f"memory.alignment={alignment} must be a positive power of two")
-    if not banks:
+    all_banks = [_as_bank(b) for b in banks]
+    planned = [b for b in all_banks if b.holds & {ACTIVATIONS, SCRATCH}]
+    if not planned:
         raise EtbuildError("memory.banks is empty: list at least one bank")
     storages, reuses = build_storages(program, alignment, in_place)
-    placed: list[list[Storage]] = [[] for _ in banks]
-    ends = [0] * len(banks)
-    if planner != "naive":
-        order = sorted(storages, key=lambda s: (-s.size, s.start, s.end))
-    else:
-        order = sorted(storages, key=lambda s: (s.start, s.end))
-    for st in order:
-        for b, (_name, capacity) in enumerate(banks):
-            offset = _first_fit(st, placed[b], alignment) if planner != "naive" else ends[b]
-            if capacity is None or offset + st.size <= capacity:
-                st.bank, st.offset = b, offset
-                placed[b].append(st)
-                ends[b] = max(ends[b], offset + st.size)
-                break
-        else:
-            sizes = ", ".join(f"{n}={c}" for n, c in banks)
-            raise EtbuildError(
-                f"the memory plan does not fit the banks ({sizes} bytes): tensor {st.name!r} "
-                f"({st.size} bytes) has no room. Raise memory.banks[*].size_bytes, add a bank, "
-                "or shrink the model's inputs."
+    if scratch_bytes:
+        n = len(program.instructions)
+        # Kernels may use all of it at every call: count it as read and written each time.
+        storages.append(
+            Storage(
+                members=[],
+                size=align_up(scratch_bytes, alignment),
+                start=-1,
+                end=n,
+                pinned=True,
+                reads=scratch_bytes * max(n, 1),
+                writes=scratch_bytes * max(n, 1),
             )
-    location = {id(m): (st.bank, st.offset) for st in storages for m in st.members}
+        )
+    placer = _Placer(storages, planned, alignment)
+    placement = run_planner(placer, planner)
+    if placement.unplaced:
+        raise EtbuildError(does_not_fit_message(program, storages, planned, placement))
+    bank_costs = [0.0] * len(planned)
+    for st, (b, offset) in zip(storages, placement.where, strict=True):
+        st.bank, st.offset = b, offset
+        bank_costs[b] += st.cost(planned[b])
+    scratch = next(((s.bank, s.offset, scratch_bytes) for s in storages if not s.members), None)
+    location = {
+        id(m): (st.bank, st.offset + m.storage_offset()) for st in storages for m in st.members
+    }
     return Plan(
         storages=storages,
-        bank_names=[n for n, _ in banks],
-        bank_sizes=ends,
+        bank_names=[b.name for b in planned],
+        bank_sizes=placement.ends,
         lower_bound=peak_live(storages),
         alignment=alignment,
         planner=planner,
         in_place_reuses=reuses,
-        bank_alignments=[alignment] * len(banks),
+        bank_alignments=placer.align,
+        scratch=scratch,
         location=location,
+        banks=planned,
+        bank_costs=bank_costs,
     )
+
+
+# -- the error when it does not fit ---------------------------------------------------------
+
+
+def _made_by(program: Program) -> dict[int, str]:
+    """id(tensor) -> the model source line of the instruction that writes it."""
+    made: dict[int, str] = {}
+    for ins in program.instructions:
+        for r in ins.returns:
+            if isinstance(r, TensorValue) and ins.source:
+                made[id(r)] = ins.source.strip().splitlines()[-1].strip()
+    return made
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:,.1f} KiB"
+
+
+def does_not_fit_message(
+    program: Program, storages: list[Storage], banks: list[Bank], placement: _Placement
+) -> str:
+    """The peak, each bank's capacity, the tensors alive at the peak (size and the source
+    line that made them), the tensor that found no room, and what would make it fit."""
+    peak, at = live_at_peak(storages)
+    capacity = [b.capacity for b in banks]
+    finite = None if None in capacity else sum(c for c in capacity if c is not None)
+    caps = ", ".join(
+        f"{b.name}={b.capacity} bytes" if b.capacity is not None else f"{b.name}=unbounded"
+        for b in banks
+    )
+    stuck = storages[placement.unplaced[0]]
+    alive = sorted((s for s in storages if s.start <= at <= s.end), key=lambda s: -s.size)
+    made = _made_by(program)
+    lines = [
+        f"the memory plan does not fit the banks ({caps}): {stuck.name!r} ({stuck.size} bytes) "
+        f"has no room. At the peak (instruction {max(at, 0)} of {len(program.instructions)}) "
+        f"{peak} bytes ({_kib(peak)}) are alive"
+        + (f", against {finite} bytes ({_kib(finite)}) in all banks" if finite else "")
+        + ". Alive at the peak, largest first:"
+    ]
+    for s in alive[:8]:
+        where = made.get(id(s.members[0])) if s.members else None
+        shape = f" {list(s.members[0].shape)} {s.members[0].dtype}" if s.members else ""
+        lines.append(
+            f"  {s.name}{shape}: {s.size} bytes" + (f", made by: {where}" if where else "")
+        )
+    if len(alive) > 8:
+        rest = sum(s.size for s in alive[8:])
+        lines.append(f"  ... and {len(alive) - 8} more ({rest} bytes)")
+    floats = any(s.members and s.members[0].dtype.is_floating_point for s in alive)
+    fixes = []
+    if floats:
+        fixes.append("quantize (+quant=ptq: int8 activations take a quarter of fp32's bytes)")
+    fixes.append("a smaller input (model.inputs[*].shape)")
+    fixes.append(
+        "another bank or a bigger one (memory.banks[*].size_bytes, or +memory= a preset "
+        "with more RAM)"
+    )
+    lines.append("To make it fit: " + "; ".join(fixes) + ".")
+    return "\n".join(lines)

@@ -16,7 +16,9 @@ import torch
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.ir import Instruction, Program, TensorValue
 from etbuild.pipeline.ops import load_ops
-from etbuild.pipeline.planner import Plan, align_up, plan_memory
+from etbuild.pipeline.concat import concat_in_place
+from etbuild.pipeline.planner import PLANNERS, Bank, Plan, align_up, plan_memory
+from etbuild.pipeline.schedule import min_peak_order
 
 OPS = load_ops()
 RELU = OPS["aten::relu.out"]  # in place over self
@@ -137,10 +139,11 @@ def check_plan(program: Program, plan: Plan, banks: list[tuple[str, int | None]]
     for v in planned:
         bank, off = plan.where(v)
         assert 0 <= bank < len(banks)
-        assert off % plan.alignment == 0, (v.name, off, plan.alignment)
+        align = plan.bank_alignments[bank]
+        assert off % align == 0, (v.name, off, align)
         assert off + v.nbytes <= plan.bank_sizes[bank]
         cap = banks[bank][1]
-        assert cap is None or off + align_up(v.nbytes, plan.alignment) <= cap
+        assert cap is None or off + align_up(v.nbytes, align) <= cap
         if v.alias_of is not None:
             assert plan.where(v) == plan.where(v.storage_root())
     roots = list({id(v.storage_root()): v.storage_root() for v in planned}.values())
@@ -501,5 +504,202 @@ def test_first_bank_preferred_when_it_fits() -> None:
 
 def test_overflow_of_every_bank() -> None:
     program = _two_live(1024)  # 4 KiB tensors
-    with pytest.raises(EtbuildError, match=r"tcm=1024, sram=2048"):
+    with pytest.raises(EtbuildError, match=r"tcm=1024 bytes, sram=2048 bytes"):
         plan_memory(program, [("tcm", 1024), ("sram", 2048)], 16, "greedy_by_size", True)
+
+
+# -- banks with costs, alignments and contents ---------------------------------------------
+
+CAT = OPS["aten::cat.out"]
+
+
+def _cost_banks(program: Program, fast_share: float) -> list[Bank]:
+    """A small fast bank (a share of the peak) and an unbounded slow one, costs 1 and 4."""
+    peak = plan_memory(program, [("x", None)], 16, "greedy_by_size", True).lower_bound
+    return [
+        Bank("tcm", capacity=max(16, int(peak * fast_share) // 16 * 16)),
+        Bank("ram", capacity=None, read_cost=4.0, write_cost=4.0),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_planner_places_validly_across_costed_banks(seed: int) -> None:
+    rng = random.Random(3000 + seed)
+    program = random_program(rng, rng.randint(5, 30))
+    banks = _cost_banks(program, rng.choice([0.2, 0.5, 0.8]))
+    pairs = [(b.name, b.capacity) for b in banks]
+    for planner in PLANNERS:
+        plan = plan_memory(program, banks, 16, planner, rng.random() < 0.5)
+        check_plan(program, plan, pairs)
+        assert plan.bank_sizes[0] <= banks[0].capacity
+        # the cost is the bytes each storage moves times its bank's cost
+        expect = sum(s.cost(banks[s.bank]) for s in plan.storages)
+        assert plan.cost == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_hill_climb_costs_no_more_than_either_greedy(seed: int) -> None:
+    rng = random.Random(4000 + seed)
+    program = random_program(rng, rng.randint(8, 30))
+    banks = _cost_banks(program, 0.4)
+    costs = {p: plan_memory(program, banks, 16, p, True).cost for p in PLANNERS}
+    assert costs["hill_climb"] <= min(costs["greedy_by_size"], costs["greedy_by_conflicts"])
+
+
+def test_hot_tensor_goes_to_the_fast_bank() -> None:
+    """Two tensors compete for a fast bank with room for one (every other tensor is too big
+    for it): the one read most wins."""
+    b = Builder()
+    x = b.input("x", 512)
+    cold = b.mm("cold", x, x, 256)  # read once
+    hot = b.mm("hot", x, x, 256)  # read three times
+    h = hot
+    for i in range(3):
+        h = b.mm(f"use{i}", h, hot, 512)
+    program = b.output(b.mm("out", h, cold, 512))
+    banks = [Bank("tcm", capacity=1024), Bank("ram", None, read_cost=8.0, write_cost=8.0)]
+    plan = plan_memory(program, banks, 16, "hill_climb", in_place=False)
+    assert (plan.where(hot)[0], plan.where(cold)[0]) == (0, 1)
+
+
+def test_each_bank_has_its_own_alignment() -> None:
+    program = random_program(random.Random(7), 20)
+    banks = [Bank("tcm", capacity=512, alignment=64), Bank("ram", None, alignment=256)]
+    plan = plan_memory(program, banks, 16, "greedy_by_size", True)
+    assert plan.bank_alignments == [64, 256]
+    for v in program.values:
+        if not v.is_constant:
+            bank, offset = plan.where(v)
+            assert offset % plan.bank_alignments[bank] == 0
+
+
+def test_scratch_is_reserved_for_the_whole_method() -> None:
+    program = chain(4)
+    banks = [Bank("tcm", capacity=4096), Bank("ram", None, read_cost=2.0, write_cost=2.0)]
+    plan = plan_memory(program, banks, 16, "hill_climb", True, scratch_bytes=1000)
+    assert plan.scratch is not None
+    bank, offset, size = plan.scratch
+    assert size == 1000 and bank == 0  # used at every call: it earns the fast bank
+    lo, hi = offset, offset + align_up(size, 16)
+    for v in program.values:
+        b, off = plan.where(v)
+        assert b != bank or off + v.nbytes <= lo or off >= hi, v.name
+    assert plan.lower_bound >= align_up(1000, 16)
+
+
+def test_constant_and_scratch_only_banks() -> None:
+    program = chain(2)
+    banks = [
+        Bank("flash", capacity=1 << 20, holds=frozenset({"constants"})),
+        Bank("scratchpad", capacity=4096, holds=frozenset({"scratch"})),
+        Bank("sram", None, holds=frozenset({"activations"})),
+    ]
+    plan = plan_memory(program, banks, 16, "greedy_by_size", True, scratch_bytes=512)
+    assert plan.bank_names == ["scratchpad", "sram"]  # flash holds no planned memory
+    assert plan.scratch == (0, 0, 512)
+    assert all(plan.where(v)[0] == 1 for v in program.values)
+
+
+def test_does_not_fit_names_the_peak_tensors_and_the_fixes() -> None:
+    b = Builder()
+    x = b.input("x", 256)
+    y = b.mm("y", x, x, 2048)
+    program = b.output(b.mm("z", y, y, 256))
+    program.instructions[0].source = "File model.py, line 12, in forward\n    y = self.proj(x)"
+    with pytest.raises(EtbuildError) as info:
+        plan_memory(program, [Bank("tcm", 4096), Bank("sram", 2048)], 16, "hill_climb")
+    msg = str(info.value)
+    assert "does not fit the banks (tcm=4096 bytes, sram=2048 bytes)" in msg
+    assert "are alive, against 6144 bytes" in msg
+    assert "y [2048] torch.float32: 8192 bytes, made by: y = self.proj(x)" in msg
+    assert "+quant=ptq" in msg and "model.inputs[*].shape" in msg
+    assert "memory.banks[*].size_bytes" in msg
+
+
+# -- memory-aware scheduling -------------------------------------------------------------
+
+
+def _check_order_valid(original: Program, scheduled: Program) -> None:
+    """Every tensor is written before it is read, and no write lands before an earlier read
+    of the same storage in the original order would have happened."""
+    assert sorted(map(id, original.instructions)) == sorted(map(id, scheduled.instructions))
+    pos = {id(ins): k for k, ins in enumerate(scheduled.instructions)}
+    writer = {}
+    for ins in original.instructions:
+        for r in ins.returns:
+            writer[id(r.storage_root())] = ins
+    for ins in scheduled.instructions:
+        for t in ins.tensors():
+            w = writer.get(id(t.storage_root()))
+            if w is not None and w is not ins and t not in ins.returns:
+                assert pos[id(w)] < pos[id(ins)], f"{t.name} read before written"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_min_peak_order_is_valid_and_never_worse(seed: int) -> None:
+    rng = random.Random(5000 + seed)
+    program = random_program(rng, rng.randint(5, 40))
+    in_place = rng.random() < 0.5
+    schedule = min_peak_order(program, 16, in_place)
+    _check_order_valid(program, schedule.program)
+    assert schedule.peak_after <= schedule.peak_before
+    plan = plan_memory(schedule.program, [("sram", None)], 16, "greedy_by_size", in_place)
+    check_plan(schedule.program, plan, [("sram", None)])
+
+
+def test_min_peak_order_finishes_one_branch_before_the_next() -> None:
+    """Two branches each expand t and reduce it again; the exported order expands both first
+    (both big tensors live at once). Finishing one branch first halves the peak."""
+    b = Builder()
+    x = b.input("x", 64)
+    t = b.mm("t", x, x, 64)
+    u1 = b.mm("u1", t, t, 4096)
+    u2 = b.mm("u2", t, t, 4096)
+    s1 = b.mm("s1", u1, u1, 16)
+    s2 = b.mm("s2", u2, u2, 16)
+    program = b.output(b.add("out", s1, s2))
+    schedule = min_peak_order(program, 16, in_place=False)
+    assert schedule.reordered
+    assert schedule.peak_before >= 2 * 4096 * 4
+    assert schedule.peak_after < 4096 * 4 + 1024
+    _check_order_valid(program, schedule.program)
+
+
+# -- concatenation in place --------------------------------------------------------------
+
+
+def _cat(b: Builder, name: str, parts: list[TensorValue], dim: int = 0) -> TensorValue:
+    out = b._value(name, sum(p.shape[0] for p in parts))
+    b.program.instructions.append(Instruction(CAT, [parts, dim, out], [out]))
+    return out
+
+
+def test_concat_in_place_makes_the_inputs_slices_of_the_output() -> None:
+    b = Builder()
+    x = b.input("x", 64)
+    p = b.mm("p", x, x, 100)
+    q = b.relu("q", b.mm("q0", x, x, 28))
+    cat = _cat(b, "cat", [p, q])
+    program = b.output(b.mm("out", cat, cat, 8))
+    before = plan_memory(program, [("sram", None)], 4, "greedy_by_size", False).lower_bound
+    done, n = concat_in_place(program)
+    assert n == 1 and all(ins.op.key != "aten::cat.out" for ins in done.instructions)
+    assert (p.alias_of, p.alias_offset) == (cat, 0)
+    assert (q.alias_of, q.alias_offset) == (cat, 400)
+    plan = plan_memory(done, [("sram", None)], 4, "greedy_by_size", False)
+    assert plan.where(p)[1] == plan.where(cat)[1]
+    assert plan.where(q)[1] == plan.where(cat)[1] + 400
+    assert plan.lower_bound < before
+
+
+def test_concat_stays_a_copy_when_a_slice_is_not_its_own() -> None:
+    b = Builder()
+    x = b.input("x", 64)
+    p = b.mm("p", x, x, 100)
+    program = b.output(b.mm("out", _cat(b, "cat", [p, x]), p, 8))  # x is a program input
+    assert concat_in_place(program)[1] == 0 and p.alias_of is None
+    b = Builder()
+    x = b.input("x", 64)
+    p = b.mm("p", x, x, 100)
+    program = b.output(b.mm("out", _cat(b, "cat", [p, p]), x, 8))  # the same tensor twice
+    assert concat_in_place(program)[1] == 0
