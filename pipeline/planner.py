@@ -72,7 +72,7 @@ class Storage:
 
     @property
     def name(self) -> str:
-        return self.members[0].name if self.members else "kernel scratch"
+        return self.members[0].storage_root().name if self.members else "kernel scratch"
 
     @property
     def holds(self) -> str:
@@ -491,8 +491,11 @@ def does_not_fit_message(
         + ". Alive at the peak, largest first:"
     ]
     for s in alive[:8]:
-        where = made.get(id(s.members[0])) if s.members else None
-        shape = f" {list(s.members[0].shape)} {s.members[0].dtype}" if s.members else ""
+        root = s.members[0].storage_root() if s.members else None
+        where = made.get(id(root)) if root is not None else None
+        if root is not None and where is None:  # written by its slices' producers
+            where = next((made[id(m)] for m in s.members if id(m) in made), None)
+        shape = f" {list(root.shape)} {root.dtype}" if root is not None else ""
         lines.append(
             f"  {s.name}{shape}: {s.size} bytes" + (f", made by: {where}" if where else "")
         )

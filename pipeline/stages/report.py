@@ -179,21 +179,9 @@ def render(ctx: Context) -> str:
         f"| constants | {facts['constants']} tensors, {_kb(facts['constant_bytes'])} |",
         f"| delegates | {facts['delegates']} blobs, {_kb(facts['delegate_bytes'])} |",
         "",
-        "## Memory plan",
-        "",
-        f"Planner `{plan['planner']}`, alignment {plan['alignment']} B, "
-        f"{plan['in_place_reuses']} outputs written in place over a dying input.",
-        "",
-        "| bank | planned |",
-        "|---|---|",
     ]
-    for bank in plan["banks"]:
-        lines.append(f"| {bank['name']} | {_kb(bank['planned_bytes'])} |")
-    bound = plan["lower_bound_bytes"]
-    ratio = plan["total_bytes"] / bound if bound else 1.0
+    lines += _memory_section(plan)
     lines += [
-        "",
-        f"Peak-live lower bound: {_kb(bound)}; the plan is {ratio:.3f}x of it.",
         "",
         "## Operators",
         "",
@@ -221,6 +209,75 @@ def render(ctx: Context) -> str:
         summary = ", ".join(f"{k}={v}" for k, v in rec.summary.items())
         lines.append(f"| {rec.name} | {rec.seconds:.3f} | {summary} |")
     return "\n".join(lines) + "\n"
+
+
+def _capacity(n: int | None) -> str:
+    return "unbounded" if n is None else _kb(n)
+
+
+def _memory_section(plan: dict) -> list[str]:
+    """Per bank: capacity, planned bytes, its peak-live bound, tensors and access cost; the
+    planners side by side; the schedule's effect; the pictures."""
+    sched = plan.get("schedule", {})
+    lines = [
+        "## Memory plan",
+        "",
+        f"Planner `{plan['planner']}`, alignment {plan['alignment']} B, "
+        f"{plan['in_place_reuses']} outputs written in place over a dying input, "
+        f"{plan.get('concat_in_place', 0)} concatenations done in place by their producers; "
+        f"instruction order: {sched.get('order', 'program')}. Cost: bytes moved x the bank's "
+        "relative cost per byte.",
+        "",
+        "| bank | capacity | planned | use | peak-live bound | tensors | cost |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for bank in plan["banks"]:
+        cap = bank.get("capacity_bytes")
+        use = f"{bank['planned_bytes'] / cap:.0%}" if cap else "-"
+        lines.append(
+            f"| {bank['name']} | {_capacity(cap)} | {_kb(bank['planned_bytes'])} | {use} | "
+            f"{_kb(bank.get('lower_bound_bytes', 0))} | {bank.get('tensors', '-')} | "
+            f"{bank.get('cost', 0):,.0f} |"
+        )
+    constants = plan.get("constants")
+    if constants:
+        lines.append(
+            f"| {constants['name']} (constants) | {_capacity(constants['capacity_bytes'])} | "
+            f"{_kb(constants['constant_bytes'])} | "
+            + (
+                f"{constants['constant_bytes'] / constants['capacity_bytes']:.0%}"
+                if constants["capacity_bytes"]
+                else "-"
+            )
+            + " | - | - | - |"
+        )
+    bound = plan["lower_bound_bytes"]
+    ratio = plan["total_bytes"] / bound if bound else 1.0
+    lines += ["", f"Peak-live lower bound: {_kb(bound)}; the plan is {ratio:.3f}x of it."]
+    scratch = plan.get("scratch")
+    if scratch:
+        lines.append(
+            f"Kernel scratch: {_kb(scratch['size'])} reserved in bank {scratch['bank']} "
+            f"at offset {scratch['offset']}."
+        )
+    if sched:
+        lines.append(
+            f"Peak: {_kb(sched['peak_before'])} in the exported order with every copy, "
+            f"{_kb(sched.get('peak_after_concat_in_place', sched['peak_before']))} with "
+            f"concatenation in place, {_kb(sched['peak_after'])} as planned."
+        )
+    planners = plan.get("planners")
+    if planners:
+        lines += ["", "| planner | total | cost |", "|---|---|---|"]
+        for name, r in planners.items():
+            if r.get("fits"):
+                lines.append(f"| `{name}` | {_kb(r['total_bytes'])} | {r['cost']:,.0f} |")
+            else:
+                lines.append(f"| `{name}` | does not fit | - |")
+    lines += [""] + [
+        f"![bank {b['name']}](memory_{b['name']}.png)" for b in plan["banks"]
+    ]
+    return lines
 
 
 def run(ctx: Context) -> None:

@@ -466,3 +466,60 @@ def test_cli_appended_typo_key_fails(tmp_path: Path) -> None:
         tmp_path,
     )  # fmt: skip
     _assert_clean_failure(proc, "chekpoint")
+
+
+@pytest.mark.parametrize("preset", ["flat", "stm32h7", "mcu_psram", "mps2_an386"])
+def test_memory_presets_compose_and_validate(preset: str) -> None:
+    cfg = validate(compose_config(["model=mlp", f"+memory={preset}"]))
+    assert cfg.memory.banks[0].size_bytes is None or cfg.memory.banks[0].size_bytes > 0
+    assert any("activations" in [h.value for h in b.holds] for b in cfg.memory.banks)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["+memory=stm32h7", "memory.banks.1.name=dtcm"],
+            "memory.banks: two banks are named 'dtcm'; give each bank its own name",
+        ),
+        (
+            ["+memory=stm32h7", "memory.banks.1.section=.dtcm_bss"],
+            "memory.banks: two banks share linker section '.dtcm_bss'; give each its own",
+        ),
+        (
+            ["+memory=stm32h7", "memory.banks.0.holds=[scratch]", "memory.banks.1.holds=[scratch]"],
+            "memory.banks: no bank holds activations; add 'activations' to the holds of a RAM bank",
+        ),
+        (
+            ["memory.scratch_bytes=4096", "memory.banks.0.holds=[activations]"],
+            "memory.scratch_bytes=4096 needs a bank that holds scratch",
+        ),
+        (
+            ["+memory=stm32h7", "memory.banks.0.read_cost=0"],
+            "memory.banks[0].read_cost=0.0 is not valid: it must be more than 0",
+        ),
+        (
+            ["+memory=stm32h7", "memory.banks.0.alignment=24"],
+            "memory.banks[0].alignment=24 is not valid: it must be a power of two",
+        ),
+        (
+            ["+memory=stm32h7", "memory.banks.0.section=dtcm"],
+            "memory.banks[0].section='dtcm' is not valid: it must be a linker section name",
+        ),
+        (
+            ["memory.banks.0.name=my-bank"],
+            "memory.banks[0].name='my-bank' is not valid: it must be a C identifier",
+        ),
+    ],
+)
+def test_bad_memory_banks_fail_at_compose_time(overrides: list[str], message: str) -> None:
+    cfg = compose_config(["model=mlp", *overrides])
+    with pytest.raises(EtbuildError) as info:
+        validate(cfg)
+    assert message in str(info.value)
+
+
+def test_bad_bank_holds_value_names_the_choices() -> None:
+    msg = _compose_error(["model=mlp", "memory.banks.0.holds=[weights]"])
+    for value in ("activations", "scratch", "constants"):
+        assert value in msg

@@ -1,0 +1,81 @@
+"""The memory hierarchy end to end: a preset MCU's banks, placement across them, the error
+when a model does not fit (before any compile), and the report's per-bank tables and
+pictures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from etbuild_test_support import run_cli
+
+pytestmark = pytest.mark.e2e
+
+UNET = [
+    "model=custom",
+    "model.name=unet",
+    "model._target_=models_for_tests.unet",
+    "+memory=stm32h7",
+]
+
+
+def _run(args: list[str], run_dir: Path):
+    return run_cli([*args, f"hydra.run.dir={run_dir}"], run_dir.parent)
+
+
+def _plan(run_dir: Path) -> dict:
+    return json.loads((run_dir / "memory_plan.json").read_text())
+
+
+def test_unet_on_a_cortex_m7_places_activations_in_dtcm_first(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _run(
+        [*UNET, "model.inputs=[{name:x,shape:[1,3,48,48]}]", "pipeline.stop_after=plan"],
+        run_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    plan = _plan(run_dir)
+    banks = {b["name"]: b for b in plan["banks"]}
+    assert list(banks) == ["dtcm", "sram"]  # flash holds constants, not planned memory
+    for bank in banks.values():
+        assert bank["planned_bytes"] <= bank["capacity_bytes"]
+    # the fast bank fills first: it is nearly full before anything spills to SRAM
+    assert banks["dtcm"]["planned_bytes"] >= 0.75 * banks["dtcm"]["capacity_bytes"]
+    assert banks["sram"]["planned_bytes"] > 0
+    assert plan["scratch"] == {"bank": "dtcm", "offset": plan["scratch"]["offset"], "size": 16384}
+    assert plan["constants"]["name"] == "flash"
+    # concatenation in place lowers the U-Net's peak below the exported order's
+    assert plan["concat_in_place"] == 2
+    assert plan["schedule"]["peak_after"] < plan["schedule"]["peak_before"]
+    # the configured planner costs no more than the others that fit
+    fits = {n: r for n, r in plan["planners"].items() if r["fits"]}
+    assert plan["cost"] <= min(r["cost"] for r in fits.values())
+    for name in banks:
+        png = (run_dir / f"memory_{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG")
+
+
+def test_a_model_that_does_not_fit_fails_before_compiling(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _run([*UNET, "model.inputs=[{name:x,shape:[1,3,64,64]}]"], run_dir)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "the memory plan does not fit the banks (dtcm=131072 bytes, sram=524288 bytes)" in err
+    assert "Alive at the peak, largest first:" in err
+    assert "made by: " in err and "models_for_tests.py:" in err  # the model's source lines
+    assert "+quant=ptq" in err and "memory.banks[*].size_bytes" in err
+    assert "Traceback" not in err
+    assert not (run_dir / "runtime").exists()  # nothing compiled
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["stages"][-1]["name"] == "plan"
+
+
+def test_weights_that_exceed_the_flash_fail_in_plan(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _run(["model=mlp", "+memory=stm32h7", "memory.banks.2.size_bytes=65536"], run_dir)
+    assert proc.returncode == 1
+    assert "the program's constants (" in proc.stderr
+    assert "do not fit bank 'flash' (65536 bytes)" in proc.stderr
+    assert not (run_dir / "runtime").exists()
