@@ -54,16 +54,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import kernels as kb  # noqa: E402  (the machine line, as the other benches print it)
 
-ZOO_MODELS = (
-    "mobilenet",
-    "mobilenet_v3_small",
-    "resnet18",
-    "mlp",
-    "transformer",
-    "ds_cnn",
-    "mobilenet_v1_vww",
-    "resnet8",
-    "fc_autoencoder",
+# Every zoo model: each config of conf/model/ but the bring-your-own one.
+ZOO_MODELS = tuple(
+    sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml") if p.stem != "custom")
 )
 MCU_MODELS = ("ds_cnn", "mobilenet_v1_vww", "resnet8", "fc_autoencoder")
 

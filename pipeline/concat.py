@@ -66,9 +66,7 @@ def concat_in_place(program: Program) -> tuple[Program, int]:
     done = 0
     for ins in program.instructions:
         slices = (
-            _contiguous_slices(ins)
-            if isinstance(ins, Instruction) and ins.op.key == CAT
-            else None
+            _contiguous_slices(ins) if isinstance(ins, Instruction) and ins.op.key == CAT else None
         )
         if slices is None or not all(id(t) in written for t, _ in slices):
             kept.append(ins)

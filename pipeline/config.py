@@ -638,8 +638,7 @@ def memory_problems(mem: DictConfig) -> Iterator[str]:
     holds = {str(b.name): {BankContent(h) for h in b.holds} for b in mem.banks}
     if names and not any(BankContent.activations in h for h in holds.values()):
         yield (
-            "memory.banks: no bank holds activations; add 'activations' to the holds of a "
-            "RAM bank"
+            "memory.banks: no bank holds activations; add 'activations' to the holds of a RAM bank"
         )
     if mem.scratch_bytes is not None and not any(BankContent.scratch in h for h in holds.values()):
         yield (

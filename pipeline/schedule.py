@@ -135,9 +135,7 @@ def min_peak_order(program: Program, alignment: int, in_place: bool) -> Schedule
     before = _peak(program, alignment, in_place)
     order = _least_growth_order(program)
     assert len(order) == len(program.instructions), "the dependency graph has a cycle"
-    candidate = dataclasses.replace(
-        program, instructions=[program.instructions[i] for i in order]
-    )
+    candidate = dataclasses.replace(program, instructions=[program.instructions[i] for i in order])
     after = _peak(candidate, alignment, in_place)
     if after < before:
         return Schedule(candidate, before, after)
@@ -147,4 +145,3 @@ def min_peak_order(program: Program, alignment: int, in_place: bool) -> Schedule
 def program_order(program: Program, alignment: int, in_place: bool) -> Schedule:
     peak = _peak(program, alignment, in_place)
     return Schedule(program, peak, peak)
-

@@ -12,9 +12,9 @@ import json
 
 from omegaconf import DictConfig
 
+from ..concat import concat_in_place
 from ..errors import EtbuildError
 from ..ir import Program
-from ..concat import concat_in_place
 from ..planner import CONSTANTS, PLANNERS, Bank, Plan, peak_live, plan_memory
 from ..runner import Context
 from ..schedule import Schedule, min_peak_order, program_order
@@ -83,8 +83,12 @@ def compare_planners(program: Program, banks: list[Bank], mem: DictConfig, plan:
     out: dict[str, dict] = {}
     for name in PLANNERS:
         try:
-            p = plan if name == plan.planner else plan_memory(
-                program, banks, mem.alignment, name, mem.in_place, mem.scratch_bytes
+            p = (
+                plan
+                if name == plan.planner
+                else plan_memory(
+                    program, banks, mem.alignment, name, mem.in_place, mem.scratch_bytes
+                )
             )
         except EtbuildError:
             out[name] = {"fits": False}
@@ -245,4 +249,3 @@ def run(ctx: Context) -> None:
             if name != planner and r.get("fits")
         },
     )
-

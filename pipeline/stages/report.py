@@ -274,9 +274,7 @@ def _memory_section(plan: dict) -> list[str]:
                 lines.append(f"| `{name}` | {_kb(r['total_bytes'])} | {r['cost']:,.0f} |")
             else:
                 lines.append(f"| `{name}` | does not fit | - |")
-    lines += [""] + [
-        f"![bank {b['name']}](memory_{b['name']}.png)" for b in plan["banks"]
-    ]
+    lines += [""] + [f"![bank {b['name']}](memory_{b['name']}.png)" for b in plan["banks"]]
     return lines
 
 

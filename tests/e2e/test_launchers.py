@@ -18,7 +18,12 @@ from etbuild_test_support import run_cli
 pytestmark = pytest.mark.e2e
 
 # The cacheable prefix only: the launchers are under test, not the C++ build.
-FOUR_JOBS = ["model=mlp", "+quant=none,ptq", "memory.alignment=16,64", "pipeline.stop_after=reference"]
+FOUR_JOBS = [
+    "model=mlp",
+    "+quant=none,ptq",
+    "memory.alignment=16,64",
+    "pipeline.stop_after=reference",
+]
 
 
 def _sweep(args: list[str], sweep: Path, cache: Path) -> tuple[int, str, list[dict]]:

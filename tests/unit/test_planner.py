@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from etbuild.pipeline.concat import concat_in_place
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.ir import Instruction, Program, TensorValue
 from etbuild.pipeline.ops import load_ops
-from etbuild.pipeline.concat import concat_in_place
 from etbuild.pipeline.planner import PLANNERS, Bank, Plan, align_up, plan_memory
 from etbuild.pipeline.schedule import min_peak_order
 
@@ -297,7 +297,9 @@ def test_random_programs_multi_bank(seed: int) -> None:
     program = random_program(rng, rng.randint(5, 30))
     largest = max(align_up(v.nbytes, 16) for v in program.values if not v.is_constant)
     banks = [("tcm", largest + rng.choice([0, 16, 1024])), ("sram", None)]
-    plan = plan_memory(program, banks, 16, rng.choice(["greedy_by_size", "naive"]), rng.random() < 0.5)
+    plan = plan_memory(
+        program, banks, 16, rng.choice(["greedy_by_size", "naive"]), rng.random() < 0.5
+    )
     check_plan(program, plan, banks)
     assert plan.bank_sizes[0] <= banks[0][1]
 
