@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,13 +143,16 @@ def _build_one(
         run_dir = _now_dir("outputs", str(cfg.model.name))
     run_dir = Path(run_dir).absolute()
     recipe_file = str(recipe.path) if recipe is not None else None
-    cli.build(
-        cfg,
-        run_dir,
-        manifest_on_early_error=in_sweep,
-        overrides=overrides,
-        recipe_file=recipe_file,
-    )
+    with warnings.catch_warnings():
+        # torch 2.13's own export internals trip this deprecation (as in the command).
+        warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
+        cli.build(
+            cfg,
+            run_dir,
+            manifest_on_early_error=in_sweep,
+            overrides=overrides,
+            recipe_file=recipe_file,
+        )
     return BuildResult.from_run_dir(run_dir, overrides)
 
 

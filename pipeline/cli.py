@@ -182,6 +182,13 @@ def expand_args(args: list[str], scratch: Path) -> tuple[list[str], str | None]:
     return [*args, "--config-dir", str(scratch), "--config-name", primary.stem], recipe_file
 
 
+def _objectives(cfg: DictConfig, run_dir: Path) -> list[float]:
+    """A sweep job's search objectives (a failed job's are the penalty); writes search.json."""
+    from .search import job_result
+
+    return job_result(run_dir, cfg.search)
+
+
 def _recipe_file_from_hydra(hydra_cfg: DictConfig) -> str | None:
     """The file of the primary config, when it is a recipe read from a folder."""
     name = hydra_cfg.job.config_name
@@ -221,7 +228,9 @@ def _main(recipe_file: str | None) -> None:
     failed: list[Path] = []
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def app(cfg: DictConfig) -> None:
+    def app(cfg: DictConfig) -> list[float] | None:
+        """One build; in a multirun, its search objectives (pipeline/search.py), which a
+        search sweeper (hydra/sweeper=optuna) reads and the basic sweeper ignores."""
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -245,7 +254,7 @@ def _main(recipe_file: str | None) -> None:
             if not sweep:
                 sys.exit(1)
             failed.append(run_dir)  # a sweep goes on with its other jobs
-            return
+            return _objectives(cfg, run_dir)
         except Exception:
             if not sweep:
                 raise
@@ -254,8 +263,9 @@ def _main(recipe_file: str | None) -> None:
             print(f"etbuild: internal error in {run_dir}:", file=sys.stderr)
             traceback.print_exc()
             failed.append(run_dir)
-            return
+            return _objectives(cfg, run_dir)
         print(f"etbuild: done: {run_dir}")
+        return _objectives(cfg, run_dir) if sweep else None
 
     try:
         app()

@@ -12,8 +12,8 @@ The Python API mirrors the command line (pipeline/api.py)::
     print(sweep.sweep_md, [r.status for r in sweep.results])
 
 This file is the top of the installed package (CMakeLists.txt installs it as
-``etbuild/__init__.py``); the subpackages (``etbuild.pipeline``, ``etbuild.codegen``, ...) come from the
-repository's top-level folders.
+``etbuild/__init__.py``); the subpackages (``etbuild.pipeline``, ``etbuild.codegen``, ...)
+come from the repository's top-level folders.
 """
 
 from etbuild.pipeline import __version__
