@@ -308,7 +308,9 @@ def hydra_message(exc: BaseException) -> str:
         allowed = _schema_fields(full_key)
         listed = f"; its settings are: {', '.join(allowed)}" if allowed else ""
         return f"unknown setting {full_key!r}: {m.group(2)} has no key {m.group(1)!r}{listed}"
-    return re.sub(r"\s*(full_key|reference_type|object_type):.*$", "", text)
+    key = re.search(r"full_key: (\S+)", text)
+    text = re.sub(r"\s*(full_key|reference_type|object_type):.*$", "", text)
+    return f"{key.group(1)}: {text}" if key else text
 
 
 def compose(
