@@ -111,10 +111,15 @@ def job_result(run_dir: Path, search: DictConfig) -> list[float]:
 
 def check_directions(config: DictConfig) -> None:
     """An Optuna sweep's ``hydra.sweeper.direction`` must match ``search.objectives``."""
-    sweeper = config.hydra.sweeper
+    from omegaconf import OmegaConf
+
+    sweeper = OmegaConf.select(config, "hydra.sweeper")
+    objectives = OmegaConf.select(config, "search.objectives")
+    if sweeper is None or objectives is None:
+        return
     if "optuna" not in str(sweeper.get("_target_", "")).lower():
         return
-    objectives = [getattr(o, "value", o) for o in config.search.objectives]
+    objectives = [getattr(o, "value", o) for o in objectives]
     want = [DIRECTIONS[o] for o in objectives]
     direction = sweeper.get("direction")
     given = [str(direction)] if isinstance(direction, str) else [str(d) for d in direction or []]
