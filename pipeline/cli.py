@@ -182,10 +182,14 @@ def expand_args(args: list[str], scratch: Path) -> tuple[list[str], str | None]:
     return [*args, "--config-dir", str(scratch), "--config-name", primary.stem], recipe_file
 
 
-def _objectives(cfg: DictConfig, run_dir: Path) -> list[float]:
-    """A sweep job's search objectives (a failed job's are the penalty); writes search.json."""
+def _objectives(cfg: DictConfig, run_dir: Path) -> list[float] | None:
+    """A search job's objectives (a failed job's are the penalty; pipeline/search.py), written
+    to search.json too; None for a job of Hydra's basic sweeper, which reads no result."""
     from .search import job_result
 
+    sweeper = str(HydraConfig.get().sweeper.get("_target_", ""))
+    if sweeper.endswith("BasicSweeper"):
+        return None
     return job_result(run_dir, cfg.search)
 
 
@@ -229,8 +233,8 @@ def _main(recipe_file: str | None) -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def app(cfg: DictConfig) -> list[float] | None:
-        """One build; in a multirun, its search objectives (pipeline/search.py), which a
-        search sweeper (hydra/sweeper=optuna) reads and the basic sweeper ignores."""
+        """One build; in a search (a multirun with hydra/sweeper=optuna, or another sweeper
+        that reads results), its objectives (pipeline/search.py)."""
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         sweep = hydra_cfg.mode == RunMode.MULTIRUN
