@@ -183,6 +183,12 @@ def _sweep_params(recipe: Any) -> list[str]:
     from .recipes import compose
 
     cfg = compose(recipe, [], return_hydra_config=True, validate=False)
+    sweeper = str(OmegaConf.select(cfg, "hydra.sweeper._target_") or "")
+    if sweeper and not sweeper.endswith("BasicSweeper"):
+        raise EtbuildError(
+            f"recipe {recipe.path} uses the sweeper {sweeper}; etbuild.sweep runs Hydra's basic "
+            f"sweeper only: run it with etbuild -m --recipe {recipe.name}"
+        )
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not params:
         return []

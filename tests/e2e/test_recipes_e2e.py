@@ -192,6 +192,8 @@ def test_python_api_build_sweep_and_errors(tmp_path: Path, monkeypatch) -> None:
         etbuild.build([], recipe="nope")
     with pytest.raises(etbuild.EtbuildError, match="a sweep.*call etbuild.sweep"):
         etbuild.build(["model=mlp,transformer"])
+    with pytest.raises(etbuild.EtbuildError, match="run it with etbuild -m --recipe search"):
+        etbuild.sweep([], recipe="search_int8_mlp")
     with pytest.raises(etbuild.EtbuildError, match="Hydra's own settings"):
         etbuild.build(["model=mlp", "hydra.run.dir=x"])
     # a failing stage: the message the command prints
