@@ -361,7 +361,7 @@ class MemoryConfig:
     Absent: one unbounded bank. ``scratch_bytes`` reserves the kernels' scratch memory in a
     bank that holds scratch (null: the application provides it at run time)."""
 
-    planner: Planner = Planner.greedy_by_size
+    planner: Planner = Planner.hill_climb
     schedule: Schedule = Schedule.program
     alignment: int = bounded(16, power_of_two=True)
     # Let elementwise ops write their output over an input that dies at that op.

@@ -46,7 +46,18 @@ ARTIFACTS = (
     "selected_operators.yaml",
     "reference.pt",
 )
-ZOO = ("mobilenet", "mobilenet_v3_small", "resnet18", "mlp", "transformer")
+ZOO = (
+    "mobilenet",
+    "mobilenet_v3_small",
+    "resnet18",
+    "mlp",
+    "transformer",
+    # the MLPerf Tiny reference models
+    "ds_cnn",
+    "mobilenet_v1_vww",
+    "resnet8",
+    "fc_autoencoder",
+)
 
 
 @contextmanager

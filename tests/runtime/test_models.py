@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from etbuild_test_support import ZOO
 from rt_helpers import assert_matches, build_with_executorch
-
-ZOO = ("mobilenet", "mobilenet_v3_small", "resnet18", "mlp", "transformer")
 
 
 @pytest.mark.e2e

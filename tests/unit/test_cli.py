@@ -46,7 +46,10 @@ def test_help_gives_usage_groups_options_and_examples(tmp_path: Path) -> None:
     # every group with its options, as the packaged conf/ tree has them
     for group in ("memory", "model", "partitioner", "quant", "target"):
         assert f"\n{group}: {_options(group)}\n" in out, group
-    assert "\nmodel: custom, mlp, mobilenet, mobilenet_v3_small, resnet18, transformer\n" in out
+    assert (
+        "\nmodel: custom, ds_cnn, fc_autoencoder, mlp, mobilenet, mobilenet_v1_vww, "
+        "mobilenet_v3_small, resnet18, resnet8, transformer\n"
+    ) in out
     assert "  quant        +quant=OPTION (absent: fp32): ptq, qat or dynamic int8" in out
     assert "  etbuild model=resnet18 +quant=ptq           int8, post-training quantization" in out
     assert "  etbuild -m model=mlp,transformer +quant=none,ptq    a sweep of four builds" in out

@@ -51,7 +51,7 @@ def test_defaults_compose() -> None:
     assert cfg.quant.scheme == QuantScheme.none
     assert cfg.partitioner.name == "none"
     assert cfg.target.kind == TargetKind.host and cfg.target.name == "host"
-    assert cfg.memory.planner == Planner.greedy_by_size
+    assert cfg.memory.planner == Planner.hill_climb
     assert len(cfg.memory.banks) == 1 and cfg.memory.banks[0].size_bytes is None
     assert cfg.pipeline.stop_after is None
     # Defaults are a valid build request.

@@ -11,10 +11,14 @@ from torch import Tensor, nn
 
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.zoo import (
+    ds_cnn,
+    fc_autoencoder,
     mlp,
+    mobilenet_v1_vww,
     mobilenet_v2,
     mobilenet_v3_small,
     reestimate_batchnorm,
+    resnet8,
     resnet18,
     transformer,
 )
@@ -34,6 +38,22 @@ def _tokens(batch: int, seq: int = 32) -> Inputs:
     return (torch.randint(0, 1000, (batch, seq)),)
 
 
+def _mfcc(batch: int) -> Inputs:
+    return (torch.randn(batch, 1, 49, 10),)
+
+
+def _image96(batch: int) -> Inputs:
+    return (torch.randn(batch, 3, 96, 96),)
+
+
+def _image32(batch: int) -> Inputs:
+    return (torch.randn(batch, 3, 32, 32),)
+
+
+def _log_mel(batch: int) -> Inputs:
+    return (torch.randn(batch, 640),)
+
+
 # name -> (builder, input maker taking a batch size)
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Inputs]]] = {
     "mobilenet_v2": (mobilenet_v2, _image),
@@ -41,6 +61,10 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Inputs]]] = {
     "resnet18": (resnet18, _image),
     "mlp": (mlp, _features),
     "transformer": (transformer, _tokens),
+    "ds_cnn": (ds_cnn, _mfcc),
+    "mobilenet_v1_vww": (mobilenet_v1_vww, _image96),
+    "resnet8": (resnet8, _image32),
+    "fc_autoencoder": (fc_autoencoder, _log_mel),
 }
 
 
@@ -108,6 +132,36 @@ def test_parameter_counts_match_torchvision(builder: Callable[[], nn.Module], co
     assert sum(p.numel() for p in builder().parameters()) == count
 
 
+# The parameter counts of the Keras references' model.summary(), which also counts each batch
+# norm's moving mean and variance (buffers here).
+@pytest.mark.parametrize(
+    ("builder", "count"),
+    [(ds_cnn, 24_908), (mobilenet_v1_vww, 221_794), (resnet8, 78_666), (fc_autoencoder, 269_992)],
+)
+def test_parameter_counts_match_the_mlperf_tiny_references(
+    builder: Callable[[], nn.Module], count: int
+) -> None:
+    model = builder()
+    statistics = sum(b.numel() for n, b in model.named_buffers() if n.endswith(("_mean", "_var")))
+    assert sum(p.numel() for p in model.parameters()) + statistics == count
+
+
+def test_mlperf_tiny_feature_map_shapes() -> None:
+    """The references' intermediate shapes: DS-CNN's stride-2 10x4 conv maps 49x10 to 25x5
+    (Keras 'same'), of which its 24x5 average pool covers the first 24 rows; MobileNetV1
+    reaches 3x3x256 at 96x96 in; ResNet-8 reaches 8x8x64 at 32x32 in."""
+    torch.manual_seed(0)
+    model = ds_cnn().eval()
+    (mfcc,) = _mfcc(1)
+    assert model.stem(mfcc).shape == (1, 64, 25, 5)
+    assert model.avgpool.kernel_size == (24, 5)
+    (image,) = _image96(1)
+    assert mobilenet_v1_vww().eval().features(image).shape == (1, 256, 3, 3)
+    net = resnet8().eval()
+    (image,) = _image32(1)
+    assert net.stacks(net.stem(image)).shape == (1, 64, 8, 8)
+
+
 def test_builder_arguments() -> None:
     torch.manual_seed(0)
     image = torch.randn(1, 3, 64, 64)
@@ -120,6 +174,11 @@ def test_builder_arguments() -> None:
     assert model(torch.randint(0, 50, (2, 16))).shape == (2, 10)
     with pytest.raises(EtbuildError, match="divisible"):
         transformer(dim=30, heads=4)
+    assert ds_cnn(num_classes=5, channels=32).eval()(torch.randn(2, 1, 49, 10)).shape == (2, 5)
+    assert mobilenet_v1_vww(num_classes=3, width_mult=0.5).eval()(image).shape == (1, 3)
+    assert resnet8(num_classes=4).eval()(image).shape == (1, 4)
+    autoencoder = fc_autoencoder(features=32, hidden=16, bottleneck=4).eval()
+    assert autoencoder(torch.randn(2, 32)).shape == (2, 32)
 
 
 def test_transformer_dynamic_seq_export() -> None:
