@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import register_configs, validate
@@ -45,19 +45,47 @@ def check_supported(cfg: DictConfig) -> None:
         configured(cfg.selection)
 
 
-def build(cfg: DictConfig, run_dir: Path, manifest_on_early_error: bool = False) -> None:
+def check_recipe(cfg: DictConfig, recipe_file: str | None) -> None:
+    """A composed config's recipe header (when it came from a recipe) must admit this etbuild."""
+    if cfg.get("recipe") is None:
+        return
+    from .recipes import check_header
+
+    header = OmegaConf.to_container(cfg.recipe, resolve=True)
+    where = recipe_file or f"{cfg.recipe.name!s}"
+    check_header(header, where, Path(recipe_file).stem if recipe_file else None)
+
+
+def build(
+    cfg: DictConfig,
+    run_dir: Path,
+    manifest_on_early_error: bool = False,
+    overrides: list[str] | None = None,
+    recipe_file: str | None = None,
+) -> None:
     """Run the pipeline for a composed config into ``run_dir``.
 
     A setting that fails its checks stops the build before any stage, leaving ``run_dir``
     untouched; with ``manifest_on_early_error`` (a sweep job, whose results the sweep reads
-    from its manifest) a failed ``manifest.json`` records the error."""
+    from its manifest) a failed ``manifest.json`` records the error. A build that passes
+    them writes ``recipe.lock.yaml`` (pipeline/lock.py; ``overrides`` and ``recipe_file``
+    are recorded there) before its first stage."""
+    from .lock import write_lock
     from .runner import run_stages, write_early_failure
     from .stage_cache import StageCache, cache_root, prune, stage_cache_key
     from .stages import STAGES
 
     try:
-        cfg = validate(cfg)
+        check_recipe(cfg, recipe_file)
+        try:
+            cfg = validate(cfg)
+        except EtbuildError as exc:
+            if recipe_file:
+                raise EtbuildError(f"{exc} (recipe {recipe_file})") from None
+            raise
         check_supported(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_lock(run_dir, cfg, list(overrides or []), recipe_file)
     except Exception as exc:
         if manifest_on_early_error:
             try:
@@ -100,11 +128,101 @@ def version_line() -> str:
     return f"etbuild {__version__} ({', '.join(parts)})"
 
 
+def _take_flag(args: list[str], flag: str) -> str | None:
+    """Remove ``flag VALUE`` or ``flag=VALUE`` from ``args``; returns VALUE (None: absent)."""
+    for i, arg in enumerate(args):
+        if arg == flag:
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                raise EtbuildError(f"{flag} needs a value: {flag} NAME")
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        if arg.startswith(flag + "="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _has_flag(args: list[str], *flags: str) -> bool:
+    return any(a in flags or a.split("=", 1)[0] in flags for a in args)
+
+
+def expand_args(args: list[str], scratch: Path) -> tuple[list[str], str | None]:
+    """Turn etbuild's own flags into Hydra's: ``--recipe NAME`` (a recipe on the recipe search
+    path, or a recipe file) and ``--lock FILE`` (a run's recipe.lock.yaml; its generated
+    primary config goes into ``scratch``). Returns Hydra's arguments and the recipe file."""
+    from .recipes import compose, find
+
+    args = list(args)
+    recipe_name = _take_flag(args, "--recipe")
+    lock_path = _take_flag(args, "--lock")
+    if recipe_name is None and lock_path is None:
+        return args, None
+    if recipe_name is not None and lock_path is not None:
+        raise EtbuildError("give --recipe or --lock, not both (a lock records its recipe)")
+    if _has_flag(args, "--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp"):
+        raise EtbuildError(
+            f"{'--recipe' if recipe_name else '--lock'} chooses the config: drop --config-dir, "
+            "--config-name and --config-path"
+        )
+    if recipe_name is not None:
+        recipe = find(recipe_name)
+        # Header, composition and schema before Hydra runs, so that a mistake names the file.
+        compose(recipe, validate=False)
+        return [*args, "--config-dir", str(recipe.folder), "--config-name", recipe.name], str(
+            recipe.path
+        )
+    from .lock import differences, read_lock, write_primary
+
+    doc = read_lock(Path(lock_path))
+    for line in differences(doc):
+        print(f"etbuild: warning: lock {lock_path}: {line}", file=sys.stderr)
+    primary = write_primary(doc, scratch)
+    recipe_file = (doc.get("recipe") or {}).get("file")
+    return [*args, "--config-dir", str(scratch), "--config-name", primary.stem], recipe_file
+
+
+def _objectives(cfg: DictConfig, run_dir: Path) -> list[float] | None:
+    """A search job's objectives (a failed job's are the penalty; pipeline/search.py), written
+    to search.json too; None for a job of Hydra's basic sweeper, which reads no result."""
+    from .search import job_result
+
+    sweeper = str(HydraConfig.get().sweeper.get("_target_", ""))
+    if sweeper.endswith("BasicSweeper"):
+        return None
+    return job_result(run_dir, cfg.search)
+
+
+def _recipe_file_from_hydra(hydra_cfg: DictConfig) -> str | None:
+    """The file of the primary config, when it is a recipe read from a folder."""
+    name = hydra_cfg.job.config_name
+    if not name or name == "config":
+        return None
+    for source in hydra_cfg.runtime.config_sources:
+        if source.schema == "file":
+            path = Path(source.path) / f"{name}.yaml"
+            if path.is_file():
+                return str(path)
+    return None
+
+
 def main() -> None:
     # Hydra's own --version names Hydra's; this is etbuild's (any position, as argparse would).
     if "--version" in sys.argv[1:]:
         print(version_line())
         return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="etbuild-args-") as scratch:
+        try:
+            sys.argv[1:], recipe_file = expand_args(sys.argv[1:], Path(scratch))
+        except EtbuildError as exc:
+            print(f"etbuild: error: {exc}", file=sys.stderr)
+            sys.exit(1)
+        _main(recipe_file)
+
+
+def _main(recipe_file: str | None) -> None:
     # torch 2.13's own export internals trip this deprecation; it is not the user's to fix.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec", category=FutureWarning)
     register_configs()
@@ -114,13 +232,24 @@ def main() -> None:
     failed: list[Path] = []
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def app(cfg: DictConfig) -> None:
+    def app(cfg: DictConfig) -> list[float] | None:
+        """One build; in a search (a multirun with hydra/sweeper=optuna, or another sweeper
+        that reads results), its objectives (pipeline/search.py)."""
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         sweep = hydra_cfg.mode == RunMode.MULTIRUN
         print(f"etbuild: {cfg.model.name} -> {run_dir}")
+        source = recipe_file
+        if source is None and cfg.get("recipe") is not None:
+            source = _recipe_file_from_hydra(hydra_cfg)
         try:
-            build(cfg, run_dir, manifest_on_early_error=sweep)
+            build(
+                cfg,
+                run_dir,
+                manifest_on_early_error=sweep,
+                overrides=list(hydra_cfg.overrides.task),
+                recipe_file=source,
+            )
         except KeyboardInterrupt:
             print(f"etbuild: interrupted: {run_dir} (its manifest.json says so)", file=sys.stderr)
             sys.exit(130)
@@ -129,7 +258,7 @@ def main() -> None:
             if not sweep:
                 sys.exit(1)
             failed.append(run_dir)  # a sweep goes on with its other jobs
-            return
+            return _objectives(cfg, run_dir)
         except Exception:
             if not sweep:
                 raise
@@ -138,8 +267,9 @@ def main() -> None:
             print(f"etbuild: internal error in {run_dir}:", file=sys.stderr)
             traceback.print_exc()
             failed.append(run_dir)
-            return
+            return _objectives(cfg, run_dir)
         print(f"etbuild: done: {run_dir}")
+        return _objectives(cfg, run_dir) if sweep else None
 
     try:
         app()

@@ -481,6 +481,56 @@ class SelectionConfig:
 
 
 @dataclass
+class RecipeHeader:
+    """A recipe's header (a recipe file's top-level ``recipe:`` block; pipeline/recipes.py).
+
+    ``name``: what ``etbuild --recipe NAME`` and ``etbuild-recipe`` call it (its file name
+    without ``.yaml``); ``version``: the recipe's own version (PEP 440, e.g. ``1.2.0``);
+    ``etbuild``: the etbuild versions it works with, a PEP 440 specifier (``>=0.1,<1``),
+    checked before anything is built; ``description``: one line for ``etbuild-recipe list``.
+    Stages never read it (it is not part of the stage cache key)."""
+
+    name: str = MISSING
+    version: str = MISSING
+    etbuild: str | None = None
+    description: str = ""
+
+
+class SearchObjective(Enum):
+    """What an Optuna search (``hydra/sweeper=optuna``) optimises, read from a job's manifest
+    ``metrics``: ``latency_ms`` (the runner's median; minimize), ``size_kb`` (program +
+    runtime; minimize), ``program_kb`` (minimize), ``planned_kb`` (all banks; minimize),
+    ``sqnr_db`` (against fp32; an fp32 build counts as ``search.fp32_sqnr_db``; maximize)."""
+
+    latency_ms = "latency_ms"
+    size_kb = "size_kb"
+    program_kb = "program_kb"
+    planned_kb = "planned_kb"
+    sqnr_db = "sqnr_db"
+
+
+@dataclass
+class SearchConfig:
+    """What a build returns to a search sweeper (``hydra/sweeper=optuna``): one value per
+    ``objectives`` entry, in order (``hydra.sweeper.direction`` must list the matching
+    ``minimize``/``maximize``). A build that breaks a constraint (``max_size_kb``,
+    ``max_latency_ms``, ``min_sqnr_db``) or fails returns ``penalty`` for every objective
+    (its negative for a maximized one), so the sampler moves away from it; ``sweep.md`` lists
+    it as infeasible. Other sweepers and single builds ignore this section."""
+
+    objectives: list[SearchObjective] = field(
+        default_factory=lambda: [
+            SearchObjective.latency_ms, SearchObjective.size_kb, SearchObjective.sqnr_db
+        ]
+    )
+    max_size_kb: float | None = bounded(None, gt=0)
+    max_latency_ms: float | None = bounded(None, gt=0)
+    min_sqnr_db: float | None = None
+    fp32_sqnr_db: float = 200.0
+    penalty: float = bounded(1e9, gt=0)
+
+
+@dataclass
 class EtbuildConfig:
     """The whole manifest."""
 
@@ -492,6 +542,8 @@ class EtbuildConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    recipe: RecipeHeader | None = None
 
 
 def register_configs() -> None:

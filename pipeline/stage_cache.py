@@ -48,6 +48,8 @@ from .runner import sha256_file, tree_digest
 
 # Config settings that only stages after the cached prefix read.
 _LATER_SECTIONS = ("target", "selection", "build")
+# Sections no stage reads: the recipe's header and what a search sweeper is returned.
+_UNREAD_SECTIONS = ("recipe", "search")
 _LATER_SETTINGS = (
     ("pipeline", "stop_after"),
     ("pipeline", "cache"),
@@ -106,20 +108,16 @@ def _tool_versions() -> dict[str, str]:
     return versions
 
 
-def stage_cache_key(cfg: DictConfig) -> str:
-    """The key of the cacheable prefix's results for ``cfg``."""
-    doc = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for section in _LATER_SECTIONS:
-        doc.pop(section, None)
-    for path in _LATER_SETTINGS:
-        node = doc
-        for part in path[:-1]:
-            node = node.get(part, {})
-        node.pop(path[-1], None)
+def tool_versions() -> dict[str, str]:
+    """The versions of python, etbuild and the packages a build's results depend on."""
+    return _tool_versions()
+
+
+def input_digests(cfg: DictConfig) -> dict[str, str]:
+    """The digests of what a build reads besides its config: the source files of its user
+    ``_target_``s (``"<file> <sha256>"``), the checkpoint and the calibration files."""
     quant = cfg.quant
-    inputs = {
-        "config": doc,
-        "tools": _tool_versions(),
+    return {
         "model_source": _target_source(cfg.model._target_),
         "checkpoint": _path_digest(cfg.model.checkpoint),
         "calibration_source": _target_source(quant.calibration._target_),
@@ -127,6 +125,19 @@ def stage_cache_key(cfg: DictConfig) -> str:
         "train_step_source": _target_source(quant.qat.train_step.get("_target_")),
         "partitioner_source": _target_source(cfg.partitioner._target_),
     }
+
+
+def stage_cache_key(cfg: DictConfig) -> str:
+    """The key of the cacheable prefix's results for ``cfg``."""
+    doc = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for section in _LATER_SECTIONS + _UNREAD_SECTIONS:
+        doc.pop(section, None)
+    for path in _LATER_SETTINGS:
+        node = doc
+        for part in path[:-1]:
+            node = node.get(part, {})
+        node.pop(path[-1], None)
+    inputs = {"config": doc, "tools": _tool_versions(), **input_digests(cfg)}
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     tree_digest(h, PACKAGE_ROOT / "pipeline", ("**/*.py",))
     tree_digest(h, OPS_YAML_DIR, ("*.yaml",))

@@ -53,6 +53,8 @@ class JobResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     quantized: bool = False
     on_front: bool = False
+    # search.json (pipeline/search.py): what the job returned to a search sweeper.
+    search: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -91,6 +93,8 @@ class SweepSummary:
     jobs: list[JobResult]
     uses_accuracy: bool
     banks: list[str]
+    # A search sweeper's optimization_results.yaml (Optuna), when the sweep was a search.
+    optimization: dict[str, Any] | None = None
 
     @property
     def failed(self) -> list[JobResult]:
@@ -142,6 +146,10 @@ def read_job(job_dir: Path) -> JobResult:
     elif not job.ok and not job.error:
         job.error = f"status {job.status!r}"
     job.metrics = manifest.get("metrics") or {}
+    try:
+        job.search = json.loads((job_dir / "search.json").read_text())
+    except (OSError, ValueError):
+        job.search = None
     scheme = ((manifest.get("config") or {}).get("quant") or {}).get("scheme")
     job.quantized = scheme not in (None, "none")
     return job
@@ -189,7 +197,84 @@ def summarize(sweep_dir: Path, dirs: list[Path] | None = None) -> SweepSummary:
         for bank in j.metrics.get("planned_bytes") or {}:
             if bank not in banks:
                 banks.append(bank)
-    return SweepSummary(sweep_dir, jobs, uses_accuracy, banks)
+    optimization = None
+    results = sweep_dir / "optimization_results.yaml"
+    if results.is_file():
+        try:
+            optimization = yaml.safe_load(results.read_text())
+        except (OSError, yaml.YAMLError):
+            optimization = None
+    return SweepSummary(sweep_dir, jobs, uses_accuracy, banks, optimization)
+
+
+def _solution_jobs(params: dict[str, Any], jobs: list[JobResult]) -> list[JobResult]:
+    """The jobs whose overrides set every parameter of a search solution."""
+    wanted = {f"{k}={v}" for k, v in params.items()}
+    return [j for j in jobs if wanted <= set(j.overrides)]
+
+
+def search_lines(summary: SweepSummary) -> list[str]:
+    """sweep.md's section for a search: each job's objectives, the infeasible jobs and the
+    Pareto set the sweeper reported (optimization_results.yaml)."""
+    searched = [j for j in summary.jobs if j.search is not None]
+    if not searched and summary.optimization is None:
+        return []
+    objectives = (searched[0].search or {}).get("objectives", []) if searched else []
+    lines = ["", f"## Search: {', '.join(objectives) or 'objectives'}", ""]
+    if searched:
+        lines += [
+            "| job | overrides | " + " | ".join(objectives) + " | feasible |",
+            "|---|---|" + "---|" * len(objectives) + "---|",
+        ]
+        for j in searched:
+            sr = j.search or {}
+            measured = sr.get("measured") or {}
+            cells = [_num(measured.get(o)) for o in objectives]
+            lines.append(
+                f"| {j.label} | {' '.join(f'`{_md_escape(o)}`' for o in j.overrides)} | "
+                + " | ".join(cells)
+                + f" | {'yes' if sr.get('feasible') else '**no**'} |"
+            )
+        infeasible = [j for j in searched if not (j.search or {}).get("feasible")]
+        if infeasible:
+            lines += [
+                "",
+                "Infeasible (they returned search.penalty, so every feasible trial dominates "
+                "them):",
+            ]
+            for j in infeasible:
+                why = "; ".join((j.search or {}).get("violations") or []) or "?"
+                lines.append(f"- job {j.label}: {_md_escape(why)}")
+    opt = summary.optimization
+    if opt is not None:
+        lines += ["", "### Pareto set (the sweeper's optimization_results.yaml)", ""]
+        solutions = opt.get("solutions")
+        if solutions is None and "best_params" in opt:  # a single objective
+            solutions = [{"params": opt.get("best_params"), "values": [opt.get("best_value")]}]
+        for sol in solutions or []:
+            params = sol.get("params") or {}
+            values = sol.get("values") or []
+            matched = _solution_jobs(params, summary.jobs)
+            tag = ", ".join(
+                f"job {j.label}"
+                + ("" if (j.search or {}).get("feasible", True) else ", infeasible")
+                for j in matched
+            )
+            tag = tag or "no job directory matches"
+            names = (
+                objectives
+                if len(objectives) == len(values)
+                else [f"value {i}" for i in range(len(values))]
+            )
+            shown = ", ".join(f"{name}={_num(v)}" for name, v in zip(names, values, strict=True))
+            param_text = " ".join(f"`{k}={v}`" for k, v in params.items()) or "(no parameters)"
+            lines.append(f"- {param_text}: {shown} ({tag})")
+        if not solutions:
+            lines.append("The sweeper reported no solution.")
+        elif searched and not any((j.search or {}).get("feasible") for j in searched):
+            lines += ["", "No trial was feasible: relax the search constraints or widen the "
+                      "parameters."]  # fmt: skip
+    return lines
 
 
 # --- the three files --------------------------------------------------------------------
@@ -347,6 +432,7 @@ def markdown_text(summary: SweepSummary, plot: str | None = "pareto.png") -> str
         ]
     if plot:
         lines += ["", f"![latency vs size]({plot})"]
+    lines += search_lines(summary)
     if summary.failed:
         lines += ["", "## Failed jobs"]
         for j in summary.failed:
@@ -475,6 +561,14 @@ class SweepCallback(Callback):
         self._before: dict[Path, int | None] = {}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from .errors import EtbuildError
+        from .search import check_directions
+
+        try:
+            check_directions(config)
+        except EtbuildError as exc:
+            print(f"etbuild: error: {exc}", file=sys.stderr)
+            sys.exit(1)
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         if sweep_dir.is_dir():
             self._before = {d: _stamp(d) for d in job_dirs(sweep_dir)}

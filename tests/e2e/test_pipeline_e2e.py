@@ -53,7 +53,7 @@ def test_failing_stage_leaves_no_program_and_no_temp_files(tmp_path: Path) -> No
     assert "adaptive_max_pool2d" in m["error"]
     assert m["stages"][-1]["name"] == "lower"
     files = sorted(p.name for p in run_dir.iterdir() if p.name not in (".hydra", "cli.log"))
-    assert files == ["manifest.json"], files
+    assert files == ["manifest.json", "recipe.lock.yaml"], files
     assert not list(run_dir.rglob("*.tmp"))
     assert models_for_tests.two_missing_ops  # the target the CLI imported
 

@@ -163,7 +163,7 @@ def test_missing_ops_fail_lower_with_one_message(tmp_path: Path) -> None:
     assert manifest["stages"][-1]["summary"]["failed"] == "EtbuildError"
     assert "adaptive_max_pool2d" in manifest["error"]
     assert not (run_dir / "model.pte").exists()
-    assert sorted(p.name for p in run_dir.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["manifest.json", "recipe.lock.yaml"]
 
 
 def test_model_target_not_a_module(tmp_path: Path) -> None:
