@@ -432,6 +432,57 @@ def copy_runtime(ctx: Context, src: Path) -> dict[str, str]:
     }
 
 
+def build_firmware(ctx: Context, tc: Toolchain) -> None:
+    """cortex_m with target.board: the firmware that runs model.pte on the board
+    (``firmware/firmware.elf``; generated banks.c, banks.ld, program.c beside it)."""
+    from .. import firmware, pte
+
+    cfg = ctx.cfg
+    board = firmware.load_board(tc.board)
+    program = ctx.run_dir / "model.pte"
+    tables = pte.bank_tables(program.read_bytes())
+    if tables is None:
+        raise EtbuildError(
+            "model.pte has no memory bank table, so the firmware cannot name its banks; "
+            "rebuild the program with this version of etbuild"
+        )
+    banks = firmware.firmware_banks(tables[0], cfg.memory.banks, board)
+    firmware.check_fit(banks, board)
+    out = ctx.run_dir / "firmware"
+    tmp = Path(tempfile.mkdtemp(dir=ctx.run_dir, prefix=".firmware."))
+    try:
+        generated = tmp / "firmware"
+        alignment = max(16, int(cfg.pipeline.emit.segment_alignment))
+        firmware.generate(banks, program, generated, alignment)
+        log = tmp / "firmware.log"
+        elf = firmware.build(
+            tc.cmake_args, ctx.run_dir / "runtime", board, banks, generated, tmp / "build", log
+        )
+        shutil.copy2(elf, generated / "firmware.elf")
+        shutil.copy2(tmp / "build" / "firmware.map", generated / "firmware.map")
+        if out.exists():
+            os.replace(out, tmp / "old")
+        os.replace(generated, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    facts = firmware.measure(tc, out / "firmware.elf", board, banks, cfg.memory.banks)
+    facts["board"] = board.name
+    (out / "sizes.json").write_text(json.dumps(facts, indent=1) + "\n")
+    for f in ("banks.c", "banks.ld", "program.c", "firmware.elf"):
+        ctx.current.writes[f"firmware/{f}"] = sha256_file(out / f)
+    ctx.artifacts["firmware"] = facts
+    ctx.artifacts["firmware_elf"] = out / "firmware.elf"
+    ctx.summarize(
+        board=board.name,
+        firmware_flash_kb=round(facts["flash_bytes"] / 1024, 1),
+        firmware_static_ram_kb=round(facts["static_ram_bytes"] / 1024, 1),
+    )
+    ctx.measure(
+        firmware_flash_bytes=facts["flash_bytes"],
+        firmware_static_ram_bytes=facts["static_ram_bytes"],
+    )
+
+
 def run(ctx: Context) -> None:
     cfg = ctx.cfg
     tc = resolve(cfg.target, need_run=cfg.pipeline.verify.enabled)
@@ -474,6 +525,8 @@ def run(ctx: Context) -> None:
             ram_kb=round(sizes["ram_bytes"] / 1024, 1),
         )
         ctx.measure(flash_bytes=sizes["flash_bytes"], ram_bytes=sizes["ram_bytes"])
+    if tc.board:
+        build_firmware(ctx, tc)
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(
