@@ -81,9 +81,7 @@ def parse_memory(script: str) -> dict[str, Region]:
     block = re.search(r"\bMEMORY\s*\{(.*?)\}", re.sub(r"/\*.*?\*/", "", script, flags=re.S), re.S)
     regions: dict[str, Region] = {}
     for line in (block.group(1) if block else "").splitlines():
-        m = re.match(
-            r"\s*(\w+)\s*\((\w+)\)\s*:\s*ORIGIN\s*=\s*([^,]+),\s*LENGTH\s*=\s*(\S+)", line
-        )
+        m = re.match(r"\s*(\w+)\s*\((\w+)\)\s*:\s*ORIGIN\s*=\s*([^,]+),\s*LENGTH\s*=\s*(\S+)", line)
         if m:
             regions[m.group(1)] = Region(
                 m.group(1), _size(m.group(3)), _size(m.group(4)), m.group(2)
@@ -201,9 +199,7 @@ def _c_string(s: str) -> str:
     return json.dumps(s)  # ASCII with \" and \\ escaped: a valid C string literal
 
 
-def generate(
-    banks: list[FirmwareBank], program: Path, out: Path, program_alignment: int
-) -> None:
+def generate(banks: list[FirmwareBank], program: Path, out: Path, program_alignment: int) -> None:
     """Writes banks.c, banks.ld and program.c into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     c = [
@@ -372,9 +368,7 @@ def section_sizes(readelf: str, elf: Path) -> dict[str, tuple[int, int, str]]:
 
 def symbols(nm: str, elf: Path) -> dict[str, tuple[int, int]]:
     """{symbol: (address, size)} of the sized symbols of an ELF."""
-    out = subprocess.run(
-        [nm, "-S", str(elf)], check=True, capture_output=True, text=True
-    ).stdout
+    out = subprocess.run([nm, "-S", str(elf)], check=True, capture_output=True, text=True).stdout
     syms = {}
     for line in out.splitlines():
         parts = line.split()
@@ -392,18 +386,21 @@ def measure(tc, elf: Path, board: Board, banks: list[FirmwareBank], cfg_banks) -
     sections = section_sizes(readelf, elf)
     syms = symbols(tc.nm, elf)
     capacity = {str(b.name): b.size_bytes for b in cfg_banks}
-    flash = sum(
-        size
-        for name, (addr, size, flags) in sections.items()
-        if board.regions[board.flash_region].holds(addr) and name != ".data"
-    ) + sections.get(".data", (0, 0, ""))[1]
+    flash = (
+        sum(
+            size
+            for name, (addr, size, flags) in sections.items()
+            if board.regions[board.flash_region].holds(addr) and name != ".data"
+        )
+        + sections.get(".data", (0, 0, ""))[1]
+    )
     static = {
         name: size
         for name, (addr, size, flags) in sections.items()
         if "W" in flags and name not in (".heap", ".arena", ".stack")
     }
     used: dict[str, int] = {}
-    for name, (addr, size, _flags) in sections.items():
+    for addr, size, _flags in sections.values():
         for region in board.regions.values():
             if region.holds(addr) and size:
                 used[region.name] = used.get(region.name, 0) + size
@@ -467,7 +464,11 @@ class FirmwareRun:
 
 
 def run(
-    qemu: str, board: Board, elf: Path, inputs: list[torch.Tensor], work_parent: Path,
+    qemu: str,
+    board: Board,
+    elf: Path,
+    inputs: list[torch.Tensor],
+    work_parent: Path,
     timeout_s: float,
 ) -> FirmwareRun:
     """Runs the firmware once under qemu-system-arm on ``inputs`` (semihosting files in a
@@ -478,8 +479,12 @@ def run(
             etbt.write(d / f"input_{i}.etbt", t)
         cmd = qemu_command(qemu, board, elf)
         proc = subprocess.Popen(
-            cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            cmd,
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             out, _ = proc.communicate(timeout=timeout_s)

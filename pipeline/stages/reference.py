@@ -4,8 +4,9 @@ reference.pt holds the example inputs and the fp32 eager outputs. For a quantize
 also holds ``pipeline.verify.eval_inputs`` more random inputs with their fp32 eager outputs
 (for SQNR and top-1 agreement), the torchao-converted model's outputs on the example inputs,
 and the lowered graph's reference execution on them (``lowered_outputs``: int8 ops run their
-Python specification), which the program's int8 kernels match exactly. The verify stage reads only this file, so it runs the same whether the stages before
-it ran or came from the stage cache.
+Python specification), which the program's int8 kernels match exactly. The verify stage reads
+only this file, so it runs the same whether the stages before it ran or came from the stage
+cache.
 """
 
 from __future__ import annotations

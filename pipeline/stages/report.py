@@ -107,9 +107,7 @@ def _firmware_section(fw: dict, program_bytes: int) -> list[str]:
         )
     lines += ["", "| region | origin | size | linked |", "|---|---|---|---|"]
     for name, r in fw["regions"].items():
-        lines.append(
-            f"| {name} | `{r['origin']:#010x}` | {_kb(r['length'])} | {_kb(r['used'])} |"
-        )
+        lines.append(f"| {name} | `{r['origin']:#010x}` | {_kb(r['length'])} | {_kb(r['used'])} |")
     return lines
 
 

@@ -222,9 +222,7 @@ class FirmwareRunner:
         self.console = ""
 
     def run(self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0):
-        done = self.firmware.run(
-            self.qemu, self.board, self.elf, inputs, self.work, self.timeout_s
-        )
+        done = self.firmware.run(self.qemu, self.board, self.elf, inputs, self.work, self.timeout_s)
         self.console = done.console
         return done.outputs
 
