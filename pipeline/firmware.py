@@ -176,7 +176,8 @@ def firmware_banks(table, cfg_banks, board: Board) -> list[FirmwareBank]:
                 f"board {board.name} is not writable ({board.regions[region].attributes}); "
                 "place the bank in a RAM region"
             )
-        out.append(FirmwareBank(name, int(size), int(alignment), section, region))
+        # The runtime aligns every tensor to at least 16 bytes (Method checks each buffer).
+        out.append(FirmwareBank(name, int(size), max(16, int(alignment)), section, region))
     return out
 
 
