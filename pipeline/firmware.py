@@ -20,6 +20,7 @@ The firmware (``runtime_src/firmware/main.cpp``) reads ``input_<i>.etbt`` and wr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -458,6 +459,15 @@ def qemu_command(qemu: str, board: Board, elf: Path) -> list[str]:
     ]
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    """Kills qemu's process group (it leads one) and reaps it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
 @dataclass
 class FirmwareRun:
     outputs: list[torch.Tensor]
@@ -490,13 +500,15 @@ def run(
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            out, _ = proc.communicate()
+            _kill(proc)
             raise EtbuildError(
                 f"the firmware did not finish under {Path(qemu).name} within "
                 f"pipeline.verify.timeout_s={timeout_s:g} s (killed); raise the timeout for a "
                 f"large model (command: {' '.join(cmd)}, in {tmp})"
             ) from None
+        except BaseException:  # interrupted: qemu must not outlive etbuild
+            _kill(proc)
+            raise
         console = out.decode(errors="replace")
         if proc.returncode != 0:
             why = EXIT_STATUS.get(proc.returncode, f"exit status {proc.returncode}")

@@ -480,6 +480,7 @@ def build_firmware(ctx: Context, tc: Toolchain) -> None:
     ctx.measure(
         firmware_flash_bytes=facts["flash_bytes"],
         firmware_static_ram_bytes=facts["static_ram_bytes"],
+        firmware_bank_bytes={b["name"]: b["bytes"] for b in facts["banks"]},
     )
 
 

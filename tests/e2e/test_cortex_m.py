@@ -272,6 +272,7 @@ def test_each_bank_symbol_lies_in_its_region(m4_build: Path) -> None:
     assert f"- flash: {fw['flash_bytes']:,} B" in report
     assert f"- static RAM: {fw['static_ram_bytes']:,} B" in report
     metrics = stage_record(m4_build, "build")["metrics"]
+    assert metrics["firmware_bank_bytes"]["sram"] == planned["sram"], metrics
     assert (
         metrics["firmware_flash_bytes"]
         == fw["flash_bytes"]
@@ -365,6 +366,32 @@ def test_a_board_the_target_cannot_run_is_named() -> None:
         check_target(board, compose_config([*M4, "target.cpu=cortex-m7"]).target)
     with pytest.raises(EtbuildError, match="target.board='nope' is not a board etbuild has"):
         load_board("nope")
+
+
+def test_a_firmware_that_hangs_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    """firmware.run kills qemu (its process group) when the run takes longer than the timeout;
+    a stand-in qemu that never ends shows it."""
+    import time
+
+    import torch
+
+    from etbuild.pipeline.errors import EtbuildError
+    from etbuild.pipeline.firmware import load_board, run
+
+    fake = tmp_path / "fake-qemu"
+    pid_file = tmp_path / "pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(EtbuildError, match=r"did not finish under fake-qemu within .*=1 s \(k"):
+        run(str(fake), load_board("mps2_an386"), tmp_path / "x.elf", [torch.ones(2)], tmp_path, 1)
+    assert time.monotonic() - start < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)  # gone, not left running
+    assert not list(tmp_path.glob(".verify.*"))  # its temporary folder is removed
 
 
 def test_link_errors_become_a_message_naming_banks_and_sizes() -> None:
