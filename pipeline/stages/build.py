@@ -432,9 +432,12 @@ def copy_runtime(ctx: Context, src: Path) -> dict[str, str]:
     }
 
 
-def build_firmware(ctx: Context, tc: Toolchain) -> None:
+def build_firmware(ctx: Context, tc: Toolchain, runtime_key: str) -> tuple[Path, bool]:
     """cortex_m with target.board: the firmware that runs model.pte on the board
-    (``firmware/firmware.elf``; generated banks.c, banks.ld, program.c beside it)."""
+    (``firmware/firmware.elf``; the generated banks.c, banks.ld, program.c beside it). Cached
+    in ``build.cache_dir/builds/fw-<key>``, keyed by the runtime build's key (which covers
+    runtime_src/, the firmware's sources included), the generated sources, the program's bytes
+    and this stage's code: an identical build links nothing. Returns (entry, was it a hit)."""
     from .. import firmware, pte
 
     cfg = ctx.cfg
@@ -454,12 +457,42 @@ def build_firmware(ctx: Context, tc: Toolchain) -> None:
         generated = tmp / "firmware"
         alignment = max(16, int(cfg.pipeline.emit.segment_alignment))
         firmware.generate(banks, program, generated, alignment)
-        log = tmp / "firmware.log"
-        elf = firmware.build(
-            tc.cmake_args, ctx.run_dir / "runtime", board, banks, generated, tmp / "build", log
-        )
-        shutil.copy2(elf, generated / "firmware.elf")
-        shutil.copy2(tmp / "build" / "firmware.map", generated / "firmware.map")
+        h = hashlib.sha256(f"firmware {runtime_key} {board.name} {alignment}\0".encode())
+        for f in ("banks.c", "banks.ld"):
+            h.update((generated / f).read_bytes())
+        h.update(program.read_bytes())
+        h.update(Path(firmware.__file__).read_bytes())
+        h.update(Path(__file__).read_bytes())
+        key = "fw-" + h.hexdigest()[:24]
+        root = cache_root(cfg)
+        entry = root / "builds" / key
+        with entry_lock(root, "builds", key):
+            hit = (entry / "firmware.elf").is_file()
+            if hit:
+                mark_used(entry)
+            else:
+                remove_stale_temporaries(entry)
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
+                try:
+                    log = staging / "firmware.log"
+                    elf = firmware.build(
+                        tc.cmake_args,
+                        ctx.run_dir / "runtime",
+                        board,
+                        banks,
+                        generated,
+                        staging / "build",
+                        log,
+                    )
+                    (staging / "entry").mkdir()
+                    shutil.copy2(elf, staging / "entry" / "firmware.elf")
+                    shutil.copy2(staging / "build" / "firmware.map", staging / "entry")
+                    os.replace(staging / "entry", entry)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            for f in ("firmware.elf", "firmware.map"):
+                shutil.copy2(entry / f, generated / f)
         if out.exists():
             os.replace(out, tmp / "old")
         os.replace(generated, out)
@@ -474,6 +507,7 @@ def build_firmware(ctx: Context, tc: Toolchain) -> None:
     ctx.artifacts["firmware_elf"] = out / "firmware.elf"
     ctx.summarize(
         board=board.name,
+        firmware_cache="hit" if hit else "miss",
         firmware_flash_kb=round(facts["flash_bytes"] / 1024, 1),
         firmware_static_ram_kb=round(facts["static_ram_bytes"] / 1024, 1),
     )
@@ -482,6 +516,7 @@ def build_firmware(ctx: Context, tc: Toolchain) -> None:
         firmware_static_ram_bytes=facts["static_ram_bytes"],
         firmware_bank_bytes={b["name"]: b["bytes"] for b in facts["banks"]},
     )
+    return entry, hit
 
 
 def run(ctx: Context) -> None:
@@ -527,7 +562,8 @@ def run(ctx: Context) -> None:
         )
         ctx.measure(flash_bytes=sizes["flash_bytes"], ram_bytes=sizes["ram_bytes"])
     if tc.board:
-        build_firmware(ctx, tc)
+        fw_entry, _ = build_firmware(ctx, tc, key)
+        ctx.artifacts["build_cache_entries"].append(fw_entry)
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(

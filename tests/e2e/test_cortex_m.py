@@ -290,6 +290,8 @@ def test_a_missing_qemu_skips_verify_naming_the_apt_command(m4_build: Path, tmp_
         f"`{QEMU_APT}` to run the mps2_an386 firmware"
     ), status
     assert (run_dir / "firmware/firmware.elf").is_file()  # the build still succeeded
+    # Same runtime, memory plan and program as m4_build: the firmware comes from the cache.
+    assert stage_record(run_dir, "build")["summary"]["firmware_cache"] == "hit"
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "ok"
 
 
