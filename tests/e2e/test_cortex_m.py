@@ -38,6 +38,7 @@ needs_qemu = pytest.mark.skipif(
 # The emulated board's memory preset, with the fast bank shrunk below the mlp's plan so that
 # activations spill to PSRAM: both RAM banks then hold planned bytes.
 M4 = ["model=mlp", "+target=cortex_m", "+memory=mps2_an386", "memory.banks.0.size_bytes=16384"]
+M4_CONTEXT: dict = {}  # m4_build's in-memory artifacts (program IR, plan)
 M4_PTQ = ["model=mlp", "+target=cortex_m", "+memory=mps2_an386", "+quant=ptq"]
 # What a bare-metal runtime must not call: no file system, no mmap, no OS clock or environment.
 OS_CALLS = {"open", "fopen", "mmap", "munmap", "fstat", "clock_gettime", "getenv", "fprintf"}
@@ -54,7 +55,7 @@ def m4_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("arm-none-eabi-gcc") is None:
         pytest.skip(f"needs the Arm bare-metal toolchain (arm-none-eabi-gcc): {APT}")
     run_dir = tmp_path_factory.mktemp("cortex_m_mlp")
-    build_in_process(M4, run_dir)
+    M4_CONTEXT["ctx"] = build_in_process(M4, run_dir)
     return run_dir
 
 
@@ -357,6 +358,43 @@ def test_a_program_whose_banks_differ_from_the_firmware_is_refused(
         f"the program plans {len(banks)} memory banks, this firmware has 2 (it was built for "
         "another memory plan)" in message
     ), message
+
+
+@needs_arm
+@needs_qemu
+def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    """A plan that reserves the kernels' scratch (64 KiB at the end of the psram bank): the
+    firmware runs with the method's scratch in that region, not the arena, and verifies."""
+    import copy
+
+    import torch
+
+    from etbuild.pipeline.stages.emit import emit_program
+
+    ctx = M4_CONTEXT["ctx"]
+    plan = copy.copy(ctx.artifacts["plan"])
+    at = plan.bank_sizes[1]
+    plan.bank_sizes = [plan.bank_sizes[0], at + 65536, *plan.bank_sizes[2:]]
+    plan.scratch = (1, at, 65536)
+    data, _ = emit_program(ctx.artifacts["program"], plan, 16, 128)
+    program = tmp_path / "model.pte"
+    program.write_bytes(data)
+    firmware, board, _, tc = _firmware_parts(m4_build)
+    from etbuild.pipeline import pte
+
+    (table,) = pte.bank_tables(data)
+    banks = firmware.firmware_banks(table, compose_config(M4).memory.banks, board)
+    firmware.generate(banks, program, tmp_path / "gen", 128)
+    elf = firmware.build(
+        tc.cmake_args, m4_build / "runtime", board, banks, tmp_path / "gen",
+        tmp_path / "build", tmp_path / "log",
+    )  # fmt: skip
+    reference = torch.load(m4_build / "reference.pt", weights_only=True)
+    done = firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
+    assert f"scratch: 65536 bytes at offset {at} of bank 'psram'" in done.console, done.console
+    torch.testing.assert_close(done.outputs[0], reference["outputs"][0], rtol=1e-4, atol=1e-4)
 
 
 def test_a_board_the_target_cannot_run_is_named() -> None:
