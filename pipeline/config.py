@@ -255,7 +255,9 @@ class TargetConfig:
     file used instead. android: ``ndk`` (else ``ANDROID_NDK_HOME``, else ``ANDROID_NDK_ROOT``),
     ``abi`` and ``api_level``. ``qemu`` runs a linux_aarch64 runner here with
     ``qemu-aarch64 -L <qemu_sysroot>``. cortex_m (bare metal, ``arm-none-eabi-``): ``cpu``
-    (``-mcpu``), ``fpu`` (``-mfpu``; null for none) and ``float_abi`` (``-mfloat-abi``).
+    (``-mcpu``), ``fpu`` (``-mfpu``; null for none) and ``float_abi`` (``-mfloat-abi``);
+    ``board`` the board a firmware is built for, which verify runs under ``qemu``
+    (``qemu-system-arm``).
 
     ``march`` is the instruction-set level the kernels are compiled for (their ``-march``, the
     runtime's ``ETB_ARCH``), which picks their SIMD path: ``native`` (the host's default: this
@@ -289,6 +291,12 @@ class TargetConfig:
     )
     threads: int = 1
     xnnpack_root: str | None = None
+    # cortex_m: the board the firmware is built for and verify runs it on (a folder of
+    # runtime_src/firmware/boards/, e.g. mps2_an386); null: the libraries only, no firmware.
+    board: str | None = field(
+        default=None,
+        metadata={"pattern": r"[A-Za-z_][A-Za-z0-9_]*", "expected": "a board name (mps2_an386)"},
+    )
 
 
 class Planner(Enum):
@@ -421,6 +429,8 @@ class VerifyConfig:
     eval_inputs: int = bounded(8, ge=0)
     # Runs of the reference input the runner times (median, p10, p90 in the report); 1: none.
     latency_iters: int = bounded(10, ge=1)
+    # Seconds one run of a firmware under qemu-system-arm may take before it is killed.
+    timeout_s: float = bounded(300.0, gt=0)
 
 
 @dataclass

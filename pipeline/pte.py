@@ -138,3 +138,84 @@ def read(data: bytes) -> ProgramFile:
         if seg.offset + seg.size > seg_size:
             raise EtbuildError("malformed program: a segment lies outside the segment data")
     return ProgramFile(program=program, segment_base=base, data=data)
+
+
+# The named data entry whose segment holds the memory bank table (runtime_src/schema/
+# memory_banks.fbs, file identifier "ETMB"): each method's banks by name, size and alignment,
+# and the kernels' scratch region.
+BANKS_KEY = "etbuild.memory_banks"
+BANKS_IDENTIFIER = b"ETMB"
+
+
+@dataclass
+class BankTable:
+    """One method's memory bank table as the emit stage records it."""
+
+    method: str
+    names: list[str]
+    sizes: list[int]
+    alignments: list[int]
+    scratch: tuple[int, int, int] | None = None  # (bank, offset, bytes)
+
+
+def encode_bank_tables(tables: list[BankTable]) -> bytes:
+    """The memory bank table segment (a flatbuffer with identifier ETMB)."""
+    from etbuild.schema.banks import MemoryBank, MemoryBankTable, MethodBanks, ScratchRegion
+
+    methods = []
+    for t in tables:
+        if not len(t.names) == len(t.sizes) == len(t.alignments):
+            raise EtbuildError(
+                f"method {t.method!r}: {len(t.names)} bank names, {len(t.sizes)} sizes and "
+                f"{len(t.alignments)} alignments (the plan must give one of each per bank)"
+            )
+        mb = MethodBanks.MethodBanksT()
+        mb.method = t.method
+        mb.banks = []
+        for name, size, alignment in zip(t.names, t.sizes, t.alignments, strict=True):
+            b = MemoryBank.MemoryBankT()
+            b.name, b.size, b.alignment = name, int(size), int(alignment)
+            mb.banks.append(b)
+        if t.scratch is not None:
+            sc = ScratchRegion.ScratchRegionT()
+            sc.bank, sc.offset, sc.size = (int(x) for x in t.scratch)
+            mb.scratch = sc
+        methods.append(mb)
+    root = MemoryBankTable.MemoryBankTableT()
+    root.methods = methods
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(root.Pack(builder), file_identifier=BANKS_IDENTIFIER)
+    return bytes(builder.Output())
+
+
+def decode_bank_tables(data: bytes) -> list[BankTable]:
+    """The tables of a memory bank table segment (no validation beyond the identifier)."""
+    from etbuild.schema.banks import MemoryBankTable
+
+    if data[4:8] != BANKS_IDENTIFIER:
+        raise EtbuildError("not a memory bank table (identifier is not ETMB)")
+    root = MemoryBankTable.MemoryBankTableT.InitFromPackedBuf(data, 0)
+    out = []
+    for m in root.methods or []:
+        banks = m.banks or []
+        scratch = None if m.scratch is None else (m.scratch.bank, m.scratch.offset, m.scratch.size)
+        out.append(
+            BankTable(
+                method=m.method.decode(),
+                names=[b.name.decode() for b in banks],
+                sizes=[b.size for b in banks],
+                alignments=[b.alignment for b in banks],
+                scratch=scratch,
+            )
+        )
+    return out
+
+
+def bank_tables(data: bytes) -> list[BankTable] | None:
+    """The memory bank tables of a .pte file's bytes; None when it carries none."""
+    f = read(data)
+    for named in f.program.namedData or []:
+        key = named.key.decode() if isinstance(named.key, bytes) else named.key
+        if key == BANKS_KEY:
+            return decode_bank_tables(f.segment(named.segmentIndex))
+    return None

@@ -75,7 +75,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 # What a run writes into its directory before renaming it into place (write_atomic, the
 # runtime's copy, verify's inputs and outputs); a killed run leaves them behind.
-RUN_TEMPORARIES = (".runtime.*", ".verify.*", ".*.tmp")
+RUN_TEMPORARIES = (".runtime.*", ".firmware.*", ".verify.*", ".*.tmp")
 
 
 def remove_run_temporaries(run_dir: Path) -> None:

@@ -42,6 +42,10 @@ class Toolchain:
     march: str = ""
     # The threads the runtime splits its kernels over (target.threads).
     threads: int = 1
+    # cortex_m: the board a firmware is built for ("": none) and the qemu-system-arm that
+    # runs it ("": not installed, see not_runnable_reason).
+    board: str = ""
+    qemu: str = ""
 
     @property
     def runnable(self) -> bool:
@@ -224,6 +228,7 @@ def _android(tcfg: DictConfig) -> Toolchain:
 
 
 CORTEX_M_APT = "gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib"
+QEMU_APT = "apt-get install qemu-system-arm"
 
 
 def cortex_m_flags(tcfg: DictConfig) -> list[str]:
@@ -283,6 +288,21 @@ def _cortex_m(tcfg: DictConfig) -> Toolchain:
         toolchain_file = _existing(tcfg.toolchain_file, "target.toolchain_file")
     else:
         toolchain_file = str(RUNTIME_SRC_DIR / "cmake" / "cortex_m.cmake")
+    board = "" if tcfg.get("board") is None else str(tcfg.board)
+    qemu = ""
+    reason = f"bare-metal {tcfg.cpu} libraries, no firmware (target.board=null): not run"
+    if board:
+        from .firmware import check_target, load_board
+
+        b = load_board(board)
+        check_target(b, tcfg)
+        qemu = shutil.which(tcfg.qemu) or ""
+        reason = (
+            ""
+            if qemu
+            else f"{tcfg.qemu} is not installed; install it with `{QEMU_APT}` to run the "
+            f"{b.name} firmware"
+        )
     return Toolchain(
         kind=TargetKind.cortex_m,
         cmake_args=[
@@ -297,11 +317,11 @@ def _cortex_m(tcfg: DictConfig) -> Toolchain:
         strip=found["strip"],
         nm=found["nm"],
         size=found["size"],
-        run_prefix=None,
-        not_runnable_reason=(
-            f"bare-metal {tcfg.cpu} firmware: no Cortex-M board is attached to this build machine"
-        ),
+        run_prefix=[qemu] if qemu else None,
+        not_runnable_reason=reason,
         identity=[gxx, _version(gxx), str(tcfg.toolchain_file)],
+        board=board,
+        qemu=qemu,
     )
 
 

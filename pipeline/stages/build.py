@@ -432,6 +432,93 @@ def copy_runtime(ctx: Context, src: Path) -> dict[str, str]:
     }
 
 
+def build_firmware(ctx: Context, tc: Toolchain, runtime_key: str) -> tuple[Path, bool]:
+    """cortex_m with target.board: the firmware that runs model.pte on the board
+    (``firmware/firmware.elf``; the generated banks.c, banks.ld, program.c beside it). Cached
+    in ``build.cache_dir/builds/fw-<key>``, keyed by the runtime build's key (which covers
+    runtime_src/, the firmware's sources included), the generated sources, the program's bytes
+    and this stage's code: an identical build links nothing. Returns (entry, was it a hit)."""
+    from .. import firmware, pte
+
+    cfg = ctx.cfg
+    board = firmware.load_board(tc.board)
+    program = ctx.run_dir / "model.pte"
+    tables = pte.bank_tables(program.read_bytes())
+    if tables is None:
+        raise EtbuildError(
+            "model.pte has no memory bank table, so the firmware cannot name its banks; "
+            "rebuild the program with this version of etbuild"
+        )
+    banks = firmware.firmware_banks(tables[0], cfg.memory.banks, board)
+    firmware.check_fit(banks, board)
+    out = ctx.run_dir / "firmware"
+    tmp = Path(tempfile.mkdtemp(dir=ctx.run_dir, prefix=".firmware."))
+    try:
+        generated = tmp / "firmware"
+        alignment = max(16, int(cfg.pipeline.emit.segment_alignment))
+        firmware.generate(banks, program, generated, alignment)
+        h = hashlib.sha256(f"firmware {runtime_key} {board.name} {alignment}\0".encode())
+        for f in ("banks.c", "banks.ld"):
+            h.update((generated / f).read_bytes())
+        h.update(program.read_bytes())
+        h.update(Path(firmware.__file__).read_bytes())
+        h.update(Path(__file__).read_bytes())
+        key = "fw-" + h.hexdigest()[:24]
+        root = cache_root(cfg)
+        entry = root / "builds" / key
+        with entry_lock(root, "builds", key):
+            hit = (entry / "firmware.elf").is_file()
+            if hit:
+                mark_used(entry)
+            else:
+                remove_stale_temporaries(entry)
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
+                try:
+                    log = staging / "firmware.log"
+                    elf = firmware.build(
+                        tc.cmake_args,
+                        ctx.run_dir / "runtime",
+                        board,
+                        banks,
+                        generated,
+                        staging / "build",
+                        log,
+                    )
+                    (staging / "entry").mkdir()
+                    shutil.copy2(elf, staging / "entry" / "firmware.elf")
+                    shutil.copy2(staging / "build" / "firmware.map", staging / "entry")
+                    os.replace(staging / "entry", entry)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            for f in ("firmware.elf", "firmware.map"):
+                shutil.copy2(entry / f, generated / f)
+        if out.exists():
+            os.replace(out, tmp / "old")
+        os.replace(generated, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    facts = firmware.measure(tc, out / "firmware.elf", board, banks, cfg.memory.banks)
+    facts["board"] = board.name
+    (out / "sizes.json").write_text(json.dumps(facts, indent=1) + "\n")
+    for f in ("banks.c", "banks.ld", "program.c", "firmware.elf"):
+        ctx.current.writes[f"firmware/{f}"] = sha256_file(out / f)
+    ctx.artifacts["firmware"] = facts
+    ctx.artifacts["firmware_elf"] = out / "firmware.elf"
+    ctx.summarize(
+        board=board.name,
+        firmware_cache="hit" if hit else "miss",
+        firmware_flash_kb=round(facts["flash_bytes"] / 1024, 1),
+        firmware_static_ram_kb=round(facts["static_ram_bytes"] / 1024, 1),
+    )
+    ctx.measure(
+        firmware_flash_bytes=facts["flash_bytes"],
+        firmware_static_ram_bytes=facts["static_ram_bytes"],
+        firmware_bank_bytes={b["name"]: b["bytes"] for b in facts["banks"]},
+    )
+    return entry, hit
+
+
 def run(ctx: Context) -> None:
     cfg = ctx.cfg
     tc = resolve(cfg.target, need_run=cfg.pipeline.verify.enabled)
@@ -474,6 +561,9 @@ def run(ctx: Context) -> None:
             ram_kb=round(sizes["ram_bytes"] / 1024, 1),
         )
         ctx.measure(flash_bytes=sizes["flash_bytes"], ram_bytes=sizes["ram_bytes"])
+    if tc.board:
+        fw_entry, _ = build_firmware(ctx, tc, key)
+        ctx.artifacts["build_cache_entries"].append(fw_entry)
     budget = cfg.build.size_budget_kb
     if budget is not None and sizes["tailored_bytes"] > budget * 1024:
         raise EtbuildError(

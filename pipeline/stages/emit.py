@@ -285,10 +285,29 @@ def _schema_modules() -> dict[str, Any]:
     return {n: importlib.import_module(f"etbuild.schema.{n}") for n in names}
 
 
+def bank_table_of(plan: Plan, method: str) -> pte.BankTable:
+    """The memory bank table of a plan: its banks' names, planned sizes and alignments (the
+    plan's ``bank_alignments``; memory.alignment where it gives none) and scratch region."""
+    alignments = list(plan.bank_alignments) or [plan.alignment] * len(plan.bank_names)
+    return pte.BankTable(
+        method=method,
+        names=list(plan.bank_names),
+        sizes=[int(s) for s in plan.bank_sizes],
+        alignments=[int(a) for a in alignments],
+        scratch=plan.scratch,
+    )
+
+
 def emit_program(
-    program: Program, plan: Plan, constant_alignment: int, segment_alignment: int
+    program: Program,
+    plan: Plan,
+    constant_alignment: int,
+    segment_alignment: int,
+    bank_table: bool = True,
 ) -> tuple[bytes, dict[str, int]]:
-    """Serialize one "forward" method; returns (file bytes, facts for the report)."""
+    """Serialize one "forward" method; returns (file bytes, facts for the report).
+    ``bank_table``: record the banks' names, sizes, alignments and scratch region (named data
+    ``etbuild.memory_banks``); without it the file is what etbuild wrote before it had one."""
     e = _Emitter(plan, constant_alignment)
     m = e.mods
     # Constants first in first-use order, then inputs, then instruction by instruction.
@@ -326,13 +345,21 @@ def emit_program(
     prog.executionPlan = [plan_t]
     prog.constantBuffer = []
     prog.backendDelegateData = []
-    # Last, the checksums of the flatbuffer and the other segments (filled in once serialized),
-    # found by the runtime through a named data entry, which ExecuTorch's runtime ignores.
+    # The memory bank table (names, sizes, alignments, scratch region), then the checksums of
+    # the flatbuffer and the other segments (filled in once serialized); the runtime finds each
+    # through a named data entry, which ExecuTorch's runtime ignores.
     segments = [constants, *e.blobs]
+    named_data = []
+    if bank_table:
+        segments.append(pte.encode_bank_tables([bank_table_of(plan, "forward")]))
+        named_data.append((pte.BANKS_KEY, len(segments) - 1))
     segments.append(bytes(pte.checksums_size(len(segments) + 1)))
-    named = m["NamedData"].NamedDataT()
-    named.key, named.segmentIndex = pte.CHECKSUMS_KEY, len(segments) - 1
-    prog.namedData = [named]
+    named_data.append((pte.CHECKSUMS_KEY, len(segments) - 1))
+    prog.namedData = []
+    for key, index in named_data:
+        named = m["NamedData"].NamedDataT()
+        named.key, named.segmentIndex = key, index
+        prog.namedData.append(named)
     prog.segments = []
     for offset, size in pte.segment_layout([len(s) for s in segments], segment_alignment):
         seg = m["DataSegment"].DataSegmentT()

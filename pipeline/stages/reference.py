@@ -2,9 +2,11 @@
 
 reference.pt holds the example inputs and the fp32 eager outputs. For a quantized program it
 also holds ``pipeline.verify.eval_inputs`` more random inputs with their fp32 eager outputs
-(for SQNR and top-1 agreement) and the torchao-converted model's outputs on the example
-inputs. The verify stage reads only this file, so it runs the same whether the stages before
-it ran or came from the stage cache.
+(for SQNR and top-1 agreement), the torchao-converted model's outputs on the example inputs,
+and the lowered graph's reference execution on them (``lowered_outputs``: int8 ops run their
+Python specification), which the program's int8 kernels match exactly. The verify stage reads
+only this file, so it runs the same whether the stages before it ran or came from the stage
+cache.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def run(ctx: Context) -> None:
         converted = ctx.artifacts.get("quantized_module")
         if converted is not None:
             doc["converted_outputs"] = eager_outputs(converted, inputs)
+        graph = ctx.artifacts.get("graph")
+        if graph is not None:  # the lowered graph's reference execution (its int8 semantics)
+            with torch.no_grad():
+                doc["lowered_outputs"] = [o.clone() for o in graph.execute(*inputs)]
     buf = io.BytesIO()
     torch.save(doc, buf)
     ctx.write("reference.pt", buf.getvalue())

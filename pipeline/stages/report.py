@@ -74,6 +74,43 @@ def _flash_section(sizes: dict, program_bytes: int, planned_bytes: int) -> list[
     ]
 
 
+def _firmware_section(fw: dict, program_bytes: int) -> list[str]:
+    """cortex_m with a board: the linked firmware's flash, static RAM and each memory bank's
+    buffer (its section, the region its symbol lies in, its use against its capacity)."""
+    ram = fw["static_ram_sections"]
+    lines = [
+        "",
+        f"## Firmware ({fw['board']})",
+        "",
+        "`firmware/firmware.elf`: the runtime, the selected kernels, the board's startup code "
+        "and the program (model.pte, in flash), with one buffer per planned memory bank in its "
+        "linker section (`firmware/banks.c`, `firmware/banks.ld`). Sizes from the linked ELF's "
+        "sections (`readelf -S`) and the bank symbols (`nm`).",
+        "",
+        f"- flash: {_kb(fw['flash_bytes'])} (code, read-only data and the program "
+        f"({_kb(program_bytes)}), and .data's initial values)",
+        f"- static RAM: {_kb(fw['static_ram_bytes'])} = "
+        + " + ".join(f"{name} {n:,}" for name, n in ram.items()),
+        f"- stack {_kb(fw['stack_bytes'])}; arena (method tables, inputs, and the kernels' "
+        f"scratch unless the plan reserves it) {_kb(fw['arena_bytes'])}",
+        "",
+        "| bank | section | region | address | used | capacity | use |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b in fw["banks"]:
+        cap = b["capacity"]
+        use = f"{b['bytes'] / cap:.1%}" if cap else "-"
+        address = f"`{b['address']:#010x}`" if b["address"] is not None else "(empty: no buffer)"
+        lines.append(
+            f"| {b['name']} | `{b['section']}` | {b['region'] or b['wanted_region']} | {address} | "
+            f"{_kb(b['bytes'])} | {_kb(cap) if cap else 'unbounded'} | {use} |"
+        )
+    lines += ["", "| region | origin | size | linked |", "|---|---|---|---|"]
+    for name, r in fw["regions"].items():
+        lines.append(f"| {name} | `{r['origin']:#010x}` | {_kb(r['length'])} | {_kb(r['used'])} |")
+    return lines
+
+
 def _kernels_line(a: dict) -> list[str]:
     """The kernels' -march and SIMD path: as the runner reported it, else (a target that does
     not run here, or verify off) as the compile flags give it."""
@@ -82,7 +119,7 @@ def _kernels_line(a: dict) -> list[str]:
         return []
     march = f"`-march={tc.march}`" if tc.march else "the toolchain's default `-march`"
     reported = (a.get("verify") or {}).get("kernel_isa")
-    if reported and tc.runnable:
+    if reported and tc.runnable and tc.kind != TargetKind.cortex_m:  # firmware: flags only
         isa = f"`{reported}` (reported by the runner)"
     elif reported:
         isa = reported
@@ -200,6 +237,8 @@ def render(ctx: Context) -> str:
         lines += _size_section(cfg, sizes)
     if sizes and "flash_bytes" in sizes:
         lines += _flash_section(sizes, facts["file_bytes"], plan["total_bytes"])
+    if a.get("firmware"):
+        lines += _firmware_section(a["firmware"], facts["file_bytes"])
     verify = a.get("verify")
     if verify:
         lines += ["", "## Verification on the etbuild runtime", "", "| what | value |", "|---|---|"]

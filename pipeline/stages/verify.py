@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import etbt
-from ..config import QuantScheme
+from ..config import QuantScheme, TargetKind
 from ..errors import EtbuildError
 from ..runner import Context, sha256_file
 
@@ -145,6 +145,18 @@ def run(ctx: Context) -> None:
         ctx.summarize(skipped="pipeline.verify.enabled=false")
         return
     tc = ctx.artifacts["toolchain"]
+    if tc.kind == TargetKind.cortex_m and tc.board and tc.runnable:
+        _verify_firmware(ctx, tc)
+        return
+    if tc.kind == TargetKind.cortex_m and tc.board:  # no qemu-system-arm here
+        facts = {
+            "status": f"skipped: {tc.not_runnable_reason}",
+            "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile "
+            "flags; not run)",
+        }
+        ctx.artifacts["verify"] = facts
+        ctx.summarize(**facts)
+        return
     if not tc.runnable:
         facts = {
             "status": f"built, not run ({tc.not_runnable_reason})",
@@ -190,6 +202,94 @@ def run(ctx: Context) -> None:
     ctx.summarize(**facts)
     if program.latency_ms:
         ctx.measure(latency_ms={**program.latency_ms, "emulated": emulated})
+    ctx.measure(
+        **{k: facts[k] for k in ("max_rel_error", "sqnr_db", "top1_agreement") if k in facts}
+    )
+    if "sqnr_db" in facts:
+        _check_sqnr(ctx, facts)
+
+
+class FirmwareRunner:
+    """The build stage's board firmware, run once per input set under qemu-system-arm."""
+
+    def __init__(self, ctx: Context, tc) -> None:
+        from .. import firmware
+
+        self.firmware = firmware
+        self.board = firmware.load_board(tc.board)
+        self.qemu, self.elf, self.work = tc.qemu, ctx.artifacts["firmware_elf"], ctx.run_dir
+        self.timeout_s = float(ctx.cfg.pipeline.verify.timeout_s)
+        self.console = ""
+
+    def run(self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0):
+        done = self.firmware.run(self.qemu, self.board, self.elf, inputs, self.work, self.timeout_s)
+        self.console = done.console
+        return done.outputs
+
+
+def _check_lowered(outputs, reference: dict, tolerance: float) -> dict:
+    """A quantized program's outputs against the lowered graph's reference execution (its
+    int8 ops' Python specification). The int8 kernels match it exactly; an fp32 op left
+    inside the program may differ by its libm's last bits, so the difference may reach
+    ``tolerance`` x max|reference| (pipeline.verify.tolerance), no more."""
+    lowered = reference.get("lowered_outputs")
+    if lowered is None:
+        raise EtbuildError(
+            "reference.pt has no lowered_outputs (it was written by an older etbuild); rerun "
+            "with pipeline.cache=false"
+        )
+    worst = 0.0
+    for i, (got, want) in enumerate(zip(outputs, lowered, strict=True)):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise EtbuildError(
+                f"verification failed: output {i} is {got.dtype} {list(got.shape)}, the lowered "
+                f"graph's reference execution gives {want.dtype} {list(want.shape)}"
+            )
+        diff = (got.double() - want.double()).abs().max().item() if want.numel() else 0.0
+        scale = want.double().abs().max().item() if want.numel() else 0.0
+        worst = max(worst, diff)
+        if diff > tolerance * scale:
+            raise EtbuildError(
+                f"verification failed: output {i} differs from the lowered graph's reference "
+                f"execution by up to {diff:.3g} (max|reference| {scale:.3g}), above "
+                f"pipeline.verify.tolerance={tolerance:g} of it; the int8 kernels must match it"
+            )
+    return {"max_abs_diff_vs_lowered": worst}
+
+
+def _verify_firmware(ctx: Context, tc) -> None:
+    """cortex_m: run the firmware under qemu-system-arm on the reference inputs; fp32 against
+    eager within the tolerance, int8 exactly against the lowered graph's reference execution
+    (and SQNR against fp32 over the evaluation inputs, as on the host)."""
+    vcfg = ctx.cfg.pipeline.verify
+    ctx.note_read("model.pte", sha256_file(ctx.run_dir / "model.pte"))
+    ctx.note_read("firmware/firmware.elf", sha256_file(ctx.artifacts["firmware_elf"]))
+    program = FirmwareRunner(ctx, tc)
+    reference = torch.load(io.BytesIO(ctx.read("reference.pt")), weights_only=True)
+    inputs, expected = reference["inputs"], reference["outputs"]
+    outputs = program.run(inputs)
+    if len(outputs) != len(expected):
+        raise EtbuildError(
+            f"verification failed: the firmware wrote {len(outputs)} outputs, eager gives "
+            f"{len(expected)}"
+        )
+    if QuantScheme(ctx.cfg.quant.scheme) == QuantScheme.none:
+        measured = _check_fp32(outputs, expected, vcfg.tolerance)
+    else:
+        measured = {
+            **_check_lowered(outputs, reference, vcfg.tolerance),
+            **_measure_quantized(program, reference, outputs),
+        }
+    status = f"ran under {Path(tc.qemu).name} -M {program.board.qemu_machine}"
+    facts = {
+        "status": status,
+        "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile flags)",
+        "threads": 1,
+        **measured,
+        "latency": "not measured (qemu does not model the board's timing)",
+    }
+    ctx.artifacts["verify"] = facts
+    ctx.summarize(**{k: v for k, v in facts.items() if k != "latency"})
     ctx.measure(
         **{k: facts[k] for k in ("max_rel_error", "sqnr_db", "top1_agreement") if k in facts}
     )

@@ -126,9 +126,12 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
-Buffer aligned_buffer(size_t n) {
-  size_t rounded = (n + 63) / 64 * 64 + 64;
-  uint8_t* p = n > (size_t(1) << 46) ? nullptr : static_cast<uint8_t*>(aligned_alloc(64, rounded));
+// n bytes aligned to `align` (at least 64; a power of two).
+Buffer aligned_buffer(size_t n, size_t align = 64) {
+  if (align < 64) align = 64;
+  size_t rounded = (n + align - 1) / align * align + align;
+  uint8_t* p =
+      n > (size_t(1) << 46) ? nullptr : static_cast<uint8_t*>(aligned_alloc(align, rounded));
   if (p == nullptr) throw Error("cannot allocate " + std::to_string(n) + " bytes");
   return Buffer(p);
 }
@@ -239,14 +242,35 @@ class PyProgram {
       else outputs.append(nb::none());
     }
     std::vector<int64_t> banks;
+    std::vector<std::string> bank_names;
+    std::vector<size_t> bank_alignments;
     for (size_t b = 0; b < meta->num_memory_banks(); ++b) {
       etb::Result<int64_t> n = meta->memory_bank_size(b);
       if (!n.ok()) raise(n.error());
       banks.push_back(n.value());
+      etb::Result<const char*> bank_name = meta->memory_bank_name(b);
+      if (!bank_name.ok()) raise(bank_name.error());
+      bank_names.emplace_back(bank_name.value());
+      etb::Result<size_t> align = meta->memory_bank_alignment(b);
+      if (!align.ok()) raise(align.error());
+      bank_alignments.push_back(align.value());
     }
     d["inputs"] = inputs;
     d["outputs"] = outputs;
     d["memory_banks"] = banks;
+    d["memory_bank_names"] = bank_names;
+    d["memory_bank_alignments"] = bank_alignments;
+    d["memory_bank_table"] = meta->has_memory_bank_table();
+    const etb::ScratchRegion scratch = meta->scratch_region();
+    if (scratch.size > 0) {
+      nb::dict sc;
+      sc["bank"] = scratch.bank;
+      sc["offset"] = scratch.offset;
+      sc["size"] = scratch.size;
+      d["scratch"] = sc;
+    } else {
+      d["scratch"] = nb::none();
+    }
     d["instructions"] = meta->num_instructions();
     d["method_allocator_bytes"] = meta->method_allocator_bytes();
     return d;
@@ -304,9 +328,12 @@ class PyProgram {
         sizes.push_back(n.value());
       }
     }
-    for (int64_t n : sizes) {
+    for (size_t b = 0; b < sizes.size(); ++b) {
+      const int64_t n = sizes[b];
       if (n < 0) throw Error("bank sizes must be >= 0");
-      st->bank_buffers.push_back(aligned_buffer(size_t(n)));
+      etb::Result<size_t> align = b < nbanks ? meta->memory_bank_alignment(b) : size_t(64);
+      if (!align.ok()) raise(align.error());
+      st->bank_buffers.push_back(aligned_buffer(size_t(n), align.value()));
       st->banks.emplace_back(st->bank_buffers.back().get(), size_t(n));
     }
     size_t mbytes = meta->method_allocator_bytes();
@@ -316,7 +343,8 @@ class PyProgram {
     st->temp_alloc = etb::MemoryAllocator(st->temp_buffer.get(), temp_bytes);
     st->memory.method_allocator = &st->method_alloc;
     st->memory.banks = etb::Span<const etb::Span<uint8_t>>(st->banks.data(), st->banks.size());
-    st->memory.temp_allocator = &st->temp_alloc;
+    // A plan that reserves the kernels' scratch region: the method takes it from its bank.
+    st->memory.temp_allocator = meta->scratch_region().size > 0 ? nullptr : &st->temp_alloc;
     st->num_instructions = meta->num_instructions();
     etb::Result<etb::Method> m = program_->load_method(name.c_str(), st->memory);
     if (!m.ok()) raise(m.error());
@@ -445,7 +473,9 @@ NB_MODULE(runtime, m) {
       .def_prop_ro("num_threads", &PyProgram::num_threads,
                    "Threads the kernels split their work over (the calling one included).")
       .def("method_meta", &PyProgram::method_meta, nb::arg("name") = "forward",
-           "Inputs, outputs, planned memory banks (bytes, 0-based) and instruction count.")
+           "Inputs, outputs, planned memory banks (bytes, 0-based; memory_bank_names, "
+           "memory_bank_alignments, memory_bank_table: whether the program names them; scratch: "
+           "the kernels' scratch region {bank, offset, size} or None) and instruction count.")
       .def("init_method", &PyProgram::init_method, nb::arg("name") = "forward",
            nb::arg("bank_sizes") = nb::none(), nb::arg("temp_bytes") = size_t(8u << 20),
            "(Re)initialize a method with buffers of the given sizes (default: as planned).")

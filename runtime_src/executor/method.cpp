@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "executor/program.h"
 #include "platform/platform.h"
@@ -398,20 +399,24 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
   InitState st{this, plan, &memory, memory.method_allocator, 0, 0};
 
   // Memory banks: the caller's buffers must cover every planned size.
-  MethodMeta meta(plan);
+  const MethodMeta meta = meta_of(plan);
   st.num_banks = meta.num_memory_banks();
   if (memory.banks.size() < st.num_banks)
     return fail(Error::InvalidArgument, "method '%s' plans %zu memory banks, %zu were given",
                 name, st.num_banks, memory.banks.size());
   for (size_t b = 0; b < st.num_banks; ++b) {
     ETB_ASSIGN_OR_RETURN(int64_t planned, meta.memory_bank_size(b));
+    ETB_ASSIGN_OR_RETURN(const char* bank, meta.memory_bank_name(b));
+    ETB_ASSIGN_OR_RETURN(size_t align, meta.memory_bank_alignment(b));
+    if (align < 16) align = 16;  // the tensors' own alignment
     if (memory.banks[b].size() < uint64_t(planned))
       return fail(Error::MemoryAllocationFailed,
-                  "memory bank %zu: buffer has %zu bytes, method '%s' plans %lld", b,
+                  "memory bank %zu ('%s'): buffer has %zu bytes, method '%s' plans %lld", b, bank,
                   memory.banks[b].size(), name, (long long)planned);
     if (planned > 0 && (memory.banks[b].data() == nullptr ||
-                        reinterpret_cast<uintptr_t>(memory.banks[b].data()) % 16 != 0))
-      return fail(Error::InvalidArgument, "memory bank %zu: buffer must be 16-byte aligned", b);
+                        reinterpret_cast<uintptr_t>(memory.banks[b].data()) % align != 0))
+      return fail(Error::InvalidArgument,
+                  "memory bank %zu ('%s'): buffer must be %zu-byte aligned", b, bank, align);
   }
 
   // Values: scalars and tensors first, lists second.
@@ -652,6 +657,15 @@ Result<Method> Program::load_method(const char* name, const MemoryManager& memor
                    m.num_outputs_);
   ETB_TRY(run_prepare_hooks(m.instrs_, pc, m.op_names_, values, nullptr, 0, &m.prepared_bytes_));
   m.temp_ = memory.temp_allocator;
+  const ScratchRegion scratch = meta.scratch_region();
+  if (m.temp_ == nullptr && scratch.size > 0) {
+    // The kernels' scratch: the region the plan reserves in its bank (checked at load to lie
+    // inside the bank's planned bytes, which the caller's buffer covers).
+    void* slot = st.alloc->allocate(sizeof(MemoryAllocator), alignof(MemoryAllocator));
+    if (slot == nullptr) return out_of_memory("the scratch allocator");
+    m.temp_ = new (slot)
+        MemoryAllocator(memory.banks[scratch.bank].data() + scratch.offset, scratch.size);
+  }
   bool loops = false;  // a jump back can repeat instructions
   for (size_t i = 0; i < pc; ++i)
     loops = loops || (m.instrs_[i].kind == Method::Kind::JumpFalse && size_t(m.instrs_[i].b) <= i);

@@ -1,12 +1,16 @@
 #include "executor/program.h"
 
 #include <array>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 #include "executor/method.h"
+#include "memory_banks_generated.h"
 #include "program_generated.h"
 
 namespace fb = etbuild::schema;
+namespace fbb = etbuild::schema::banks;
 
 namespace etb {
 namespace {
@@ -123,6 +127,138 @@ Error verify_content(const fb::Program* program, const uint8_t* data, size_t pro
   return Error::Ok;
 }
 
+// The named data entry of etbuild's memory bank table (schema/memory_banks.fbs).
+constexpr const char* kBanksKey = "etbuild.memory_banks";
+// The largest bank alignment a table may ask for.
+constexpr uint32_t kMaxBankAlignment = 1u << 16;
+constexpr size_t kMaxBankNameLength = 63;
+
+bool is_identifier(const flatbuffers::String* s) {
+  if (s == nullptr || s->size() == 0 || s->size() > kMaxBankNameLength) return false;
+  for (size_t i = 0; i < s->size(); ++i) {
+    const char c = s->c_str()[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+__attribute__((format(printf, 1, 2))) Error bad_bank_table(const char* format, ...) {
+  char what[192];
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(what, sizeof(what), format, ap);
+  va_end(ap);
+  return fail(Error::InvalidProgram,
+              "the program's memory bank table is malformed: %s; the file is corrupt or was "
+              "edited, rebuild it",
+              what);
+}
+
+// Checks one method's entry against its plan: as many banks as it plans, each named by a C
+// identifier (no two alike), sized as planned, aligned to a power of two; the scratch region
+// inside its bank.
+Error check_method_banks(const fb::ExecutionPlan* plan, const fbb::MethodBanks* m) {
+  const auto* planned = plan->non_const_buffer_sizes();
+  const size_t nplanned = planned == nullptr || planned->size() == 0 ? 0 : planned->size() - 1;
+  const auto* banks = m->banks();
+  const size_t n = banks == nullptr ? 0 : banks->size();
+  const char* method = m->method()->c_str();
+  if (n != nplanned)
+    return bad_bank_table("it lists %zu banks for method '%s', which plans %zu", n, method,
+                          nplanned);
+  for (size_t i = 0; i < n; ++i) {
+    const fbb::MemoryBank* b = banks->Get(flatbuffers::uoffset_t(i));
+    if (!is_identifier(b->name()))
+      return bad_bank_table("bank %zu of method '%s' has no name or one that is not an "
+                            "identifier of at most %zu characters",
+                            i, method, kMaxBankNameLength);
+    for (size_t j = 0; j < i; ++j)
+      if (strcmp(banks->Get(flatbuffers::uoffset_t(j))->name()->c_str(), b->name()->c_str()) == 0)
+        return bad_bank_table("banks %zu and %zu of method '%s' are both named '%s'", j, i,
+                              method, b->name()->c_str());
+    const int64_t size = planned->Get(flatbuffers::uoffset_t(i + 1));
+    if (size < 0 || b->size() != uint64_t(size))
+      return bad_bank_table("bank '%s' of method '%s' is %llu bytes, the plan says %lld",
+                            b->name()->c_str(), method, (unsigned long long)b->size(),
+                            (long long)size);
+    const uint32_t a = b->alignment();
+    if (a == 0 || (a & (a - 1)) != 0 || a > kMaxBankAlignment)
+      return bad_bank_table("bank '%s' of method '%s' has alignment %u (a power of two up to "
+                            "%u is needed)",
+                            b->name()->c_str(), method, unsigned(a), unsigned(kMaxBankAlignment));
+  }
+  if (const fbb::ScratchRegion* sc = m->scratch()) {
+    if (sc->bank() >= n)
+      return bad_bank_table("the scratch region of method '%s' is in bank %u of %zu", method,
+                            unsigned(sc->bank()), n);
+    const uint64_t bank_size = banks->Get(sc->bank())->size();
+    if (sc->offset() > bank_size || sc->size() > bank_size - sc->offset())
+      return bad_bank_table("the scratch region of method '%s' (%llu bytes at %llu) exceeds "
+                            "bank '%s' (%llu bytes)",
+                            method, (unsigned long long)sc->size(),
+                            (unsigned long long)sc->offset(),
+                            banks->Get(sc->bank())->name()->c_str(),
+                            (unsigned long long)bank_size);
+  }
+  return Error::Ok;
+}
+
+// The memory bank table, verified; null when the program has none (older files, ExecuTorch's).
+Result<const fbb::MemoryBankTable*> load_bank_table(const fb::Program* program,
+                                                    const uint8_t* segments) {
+  const auto* named = program->named_data();
+  const auto* segs = program->segments();
+  if (named == nullptr) return static_cast<const fbb::MemoryBankTable*>(nullptr);
+  const fb::NamedData* entry = nullptr;
+  for (const fb::NamedData* n : *named) {
+    if (n->key() == nullptr || strcmp(n->key()->c_str(), kBanksKey) != 0) continue;
+    if (entry != nullptr) return bad_bank_table("two named data entries '%s'", kBanksKey);
+    entry = n;
+  }
+  if (entry == nullptr) return static_cast<const fbb::MemoryBankTable*>(nullptr);
+  if (segs == nullptr || entry->segment_index() >= segs->size())
+    return bad_bank_table("it points at segment %u, which does not exist",
+                          unsigned(entry->segment_index()));
+  const fb::DataSegment* seg = segs->Get(entry->segment_index());
+  const uint8_t* p = segments + seg->offset();  // bounds checked with every segment
+  const size_t size = size_t(seg->size());
+  if (size < 8 || size > (size_t(1) << 24) || !is_aligned(p, 8))
+    return bad_bank_table("its segment is %zu bytes%s", size,
+                          is_aligned(p, 8) ? "" : " and misaligned");
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = 16;
+  opts.max_tables = 100000;
+  opts.check_alignment = true;
+  flatbuffers::Verifier verifier(p, size, opts);
+  if (!fbb::VerifyMemoryBankTableBuffer(verifier))
+    return bad_bank_table("it fails flatbuffer verification (identifier %s)",
+                          fbb::MemoryBankTableBufferHasIdentifier(p) ? "ETMB" : "not ETMB");
+  const fbb::MemoryBankTable* table = fbb::GetMemoryBankTable(p);
+  const auto* methods = table->methods();
+  const auto* plans = program->execution_plan();
+  for (size_t i = 0; methods != nullptr && i < methods->size(); ++i) {
+    const fbb::MethodBanks* m = methods->Get(flatbuffers::uoffset_t(i));
+    if (m->method() == nullptr) return bad_bank_table("entry %zu names no method", i);
+    for (size_t j = 0; j < i; ++j)
+      if (strcmp(methods->Get(flatbuffers::uoffset_t(j))->method()->c_str(),
+                 m->method()->c_str()) == 0)
+        return bad_bank_table("method '%s' is listed twice", m->method()->c_str());
+    const fb::ExecutionPlan* plan = nullptr;
+    for (size_t k = 0; plans != nullptr && k < plans->size(); ++k) {
+      const fb::ExecutionPlan* candidate = plans->Get(flatbuffers::uoffset_t(k));
+      if (candidate->name() != nullptr &&
+          strcmp(candidate->name()->c_str(), m->method()->c_str()) == 0)
+        plan = candidate;
+    }
+    if (plan == nullptr)
+      return bad_bank_table("it lists method '%s', which the program does not have",
+                            m->method()->c_str());
+    ETB_TRY(check_method_banks(plan, m));
+  }
+  return table;
+}
+
 }  // namespace
 
 Result<Program> Program::load(const DataLoader* loader, bool verify_checksums) {
@@ -201,7 +337,8 @@ Result<Program> Program::load(const DataLoader* loader, bool verify_checksums) {
     return fail(Error::InvalidProgram, "program has no methods");
   if (verify_checksums)
     ETB_TRY(verify_content(program, data, program_size, segment_ptr));
-  return Program(loader, program, segment_ptr, segment_size);
+  ETB_ASSIGN_OR_RETURN(const fbb::MemoryBankTable* banks, load_bank_table(program, segment_ptr));
+  return Program(loader, program, segment_ptr, segment_size, banks);
 }
 
 size_t Program::num_methods() const { return program_->execution_plan()->size(); }
@@ -254,9 +391,17 @@ Result<const fb::ExecutionPlan*> Program::find_plan(const char* name) const {
   return fail(Error::NotFound, "program has no method named '%s'", name);
 }
 
+MethodMeta Program::meta_of(const fb::ExecutionPlan* plan) const {
+  const fbb::MethodBanks* entry = nullptr;
+  if (banks_ != nullptr && banks_->methods() != nullptr && plan->name() != nullptr)
+    for (const fbb::MethodBanks* m : *banks_->methods())
+      if (strcmp(m->method()->c_str(), plan->name()->c_str()) == 0) entry = m;
+  return MethodMeta(plan, entry);
+}
+
 Result<MethodMeta> Program::method_meta(const char* name) const {
   ETB_ASSIGN_OR_RETURN(const fb::ExecutionPlan* plan, find_plan(name));
-  return MethodMeta(plan);
+  return meta_of(plan);
 }
 
 Result<Span<const uint8_t>> Program::segment(size_t index) const {
@@ -360,6 +505,48 @@ Result<int64_t> MethodMeta::memory_bank_size(size_t i) const {
   return v;
 }
 
+Result<const char*> MethodMeta::memory_bank_name(size_t i) const {
+  // Without a table: bank0, bank1, ... (up to bank99; a method rarely plans more than two).
+  static constexpr auto kNames = [] {
+    std::array<std::array<char, 8>, 100> t{};
+    for (size_t k = 0; k < t.size(); ++k) {
+      t[k] = {'b', 'a', 'n', 'k', 0, 0, 0, 0};
+      if (k >= 10) {
+        t[k][4] = char('0' + k / 10);
+        t[k][5] = char('0' + k % 10);
+      } else {
+        t[k][4] = char('0' + k);
+      }
+    }
+    return t;
+  }();
+  if (i >= num_memory_banks())
+    return fail(Error::OutOfBounds, "memory bank %zu: method plans %zu banks", i,
+                num_memory_banks());
+  if (banks_ != nullptr) return banks_->banks()->Get(flatbuffers::uoffset_t(i))->name()->c_str();
+  if (i >= kNames.size())
+    return fail(Error::NotSupported, "memory bank %zu has no name (the program has no bank "
+                "table, and unnamed banks are named up to bank%zu)", i, kNames.size() - 1);
+  return static_cast<const char*>(kNames[i].data());
+}
+
+Result<size_t> MethodMeta::memory_bank_alignment(size_t i) const {
+  if (i >= num_memory_banks())
+    return fail(Error::OutOfBounds, "memory bank %zu: method plans %zu banks", i,
+                num_memory_banks());
+  if (banks_ == nullptr) return size_t(16);
+  return size_t(banks_->banks()->Get(flatbuffers::uoffset_t(i))->alignment());
+}
+
+ScratchRegion MethodMeta::scratch_region() const {
+  ScratchRegion r;
+  if (banks_ == nullptr || banks_->scratch() == nullptr) return r;
+  r.bank = banks_->scratch()->bank();
+  r.offset = size_t(banks_->scratch()->offset());
+  r.size = size_t(banks_->scratch()->size());
+  return r;
+}
+
 size_t MethodMeta::num_instructions() const {
   size_t n = 0;
   if (plan_->chains())
@@ -370,7 +557,7 @@ size_t MethodMeta::num_instructions() const {
 
 size_t MethodMeta::method_allocator_bytes() const {
   constexpr size_t pad = 16;
-  size_t n = 256;
+  size_t n = 256 + sizeof(MemoryAllocator) + pad;  // the scratch region's allocator
   size_t nvalues = plan_->values() ? plan_->values()->size() : 0;
   n += nvalues * sizeof(EValue) + pad;
   n += num_inputs() * (2 + sizeof(void*)) + 3 * pad;

@@ -105,8 +105,11 @@ struct FreeDeleter {
 };
 std::vector<std::unique_ptr<uint8_t, FreeDeleter>> g_buffers;  // freed at exit
 
-void* aligned_buffer(size_t n) {
-  g_buffers.emplace_back(static_cast<uint8_t*>(n > (size_t(1) << 46) ? nullptr : aligned_alloc(64, (n + 63) / 64 * 64 + 64)));
+// n bytes aligned to `align` (at least 64; a power of two).
+void* aligned_buffer(size_t n, size_t align = 64) {
+  if (align < 64) align = 64;
+  g_buffers.emplace_back(static_cast<uint8_t*>(
+      n > (size_t(1) << 46) ? nullptr : aligned_alloc(align, (n + align - 1) / align * align + align)));
   return g_buffers.back().get();
 }
 
@@ -123,8 +126,9 @@ int usage(FILE* to = stderr) {
           "--no-checksums skips checking the program's content against its checksums\n"
           "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
           "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
-          "Runs the method --iters times after --warmup runs and prints each output's sum and\n"
-          "hash, the kernels' SIMD path, the thread count and the latency (median, p10, p90).\n"
+          "Runs the method --iters times after --warmup runs and prints each memory bank (name,\n"
+          "bytes, alignment), each output's sum and hash, the kernels' SIMD path, the thread\n"
+          "count and the latency (median, p10, p90).\n"
           "A .etbt file is one tensor, little-endian: \"ETBT\", u32 version 1, u32 dtype (6 Float,\n"
           "4 Long, 3 Int, 1 Char, 11 Bool), u32 ndim, ndim x i64 sizes, row-major data. A build's\n"
           "reference inputs as .etbt: python -m etbuild.pipeline.etbt RUN/reference.pt DIR\n");
@@ -185,15 +189,23 @@ int main(int argc, char** argv) {
   std::vector<etb::Span<uint8_t>> banks;
   for (size_t b = 0; b < meta->num_memory_banks(); ++b) {
     etb::Result<int64_t> n = meta->memory_bank_size(b);
-    if (!n.ok()) return die("memory plan");
-    void* p = aligned_buffer(size_t(n.value()));
+    etb::Result<const char*> bank = meta->memory_bank_name(b);
+    etb::Result<size_t> align = meta->memory_bank_alignment(b);
+    if (!n.ok() || !bank.ok() || !align.ok()) return die("memory plan");
+    void* p = aligned_buffer(size_t(n.value()), align.value());
     if (p == nullptr) {
-      fprintf(stderr, "etb_runner: cannot allocate %lld bytes for memory bank %zu\n",
-              (long long)n.value(), b);
+      fprintf(stderr, "etb_runner: cannot allocate %lld bytes for memory bank '%s'\n",
+              (long long)n.value(), bank.value());
       return 1;
     }
+    printf("memory_bank: %s %lld bytes, aligned %zu\n", bank.value(), (long long)n.value(),
+           align.value());
     banks.emplace_back(static_cast<uint8_t*>(p), size_t(n.value()));
   }
+  const etb::ScratchRegion scratch = meta->scratch_region();
+  if (scratch.size > 0)
+    printf("scratch: %zu bytes at offset %zu of bank '%s'\n", scratch.size, scratch.offset,
+           meta->memory_bank_name(scratch.bank).value());
   const size_t method_bytes = meta->method_allocator_bytes();
   const size_t temp_bytes = 8u << 20;
   void* method_buf = aligned_buffer(method_bytes);
@@ -207,7 +219,8 @@ int main(int argc, char** argv) {
   etb::MemoryManager mm;
   mm.method_allocator = &method_alloc;
   mm.banks = etb::Span<const etb::Span<uint8_t>>(banks.data(), banks.size());
-  mm.temp_allocator = &temp_alloc;
+  // A plan that reserves the kernels' scratch region: the method takes it from its bank.
+  mm.temp_allocator = scratch.size > 0 ? nullptr : &temp_alloc;
   etb::Result<etb::Method> method = program->load_method(method_name, mm);
   if (!method.ok()) return die("init");
   method->set_instruction_budget(uint64_t(budget));

@@ -1,9 +1,12 @@
 """The cortex_m target: the runtime and the selected kernels as static libraries for a
 Cortex-M4F (bare metal, arm-none-eabi-gcc + newlib), a minimal firmware image whose flash and
-RAM the report gives, and a report that says the runtime was built but not run."""
+RAM the report gives, and a firmware for qemu-system-arm's mps2-an386 that runs the program
+(each memory bank in its linker section and region), which verify runs and checks (fp32
+against eager, int8 exactly against the lowered graph's reference execution)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -27,7 +30,16 @@ needs_arm = pytest.mark.skipif(
     shutil.which("arm-none-eabi-gcc") is None,
     reason=f"needs the Arm bare-metal toolchain (arm-none-eabi-gcc): {APT} (CI installs it)",
 )
-M4 = ["model=mlp", "+target=cortex_m"]
+QEMU_APT = "apt-get install qemu-system-arm"
+needs_qemu = pytest.mark.skipif(
+    shutil.which("qemu-system-arm") is None,
+    reason=f"needs qemu-system-arm to run the firmware: {QEMU_APT} (CI installs it)",
+)
+# The emulated board's memory preset, with the fast bank shrunk below the mlp's plan so that
+# activations spill to PSRAM: both RAM banks then hold planned bytes.
+M4 = ["model=mlp", "+target=cortex_m", "+memory=mps2_an386", "memory.banks.0.size_bytes=16384"]
+M4_CONTEXT: dict = {}  # m4_build's in-memory artifacts (program IR, plan)
+M4_PTQ = ["model=mlp", "+target=cortex_m", "+memory=mps2_an386", "+quant=ptq"]
 # What a bare-metal runtime must not call: no file system, no mmap, no OS clock or environment.
 OS_CALLS = {"open", "fopen", "mmap", "munmap", "fstat", "clock_gettime", "getenv", "fprintf"}
 
@@ -43,7 +55,16 @@ def m4_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("arm-none-eabi-gcc") is None:
         pytest.skip(f"needs the Arm bare-metal toolchain (arm-none-eabi-gcc): {APT}")
     run_dir = tmp_path_factory.mktemp("cortex_m_mlp")
-    build_in_process(M4, run_dir)
+    M4_CONTEXT["ctx"] = build_in_process(M4, run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def m4_ptq_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("arm-none-eabi-gcc") is None:
+        pytest.skip(f"needs the Arm bare-metal toolchain (arm-none-eabi-gcc): {APT}")
+    run_dir = tmp_path_factory.mktemp("cortex_m_mlp_ptq")
+    build_in_process(M4_PTQ, run_dir)
     return run_dir
 
 
@@ -168,21 +189,269 @@ def test_flash_size_in_the_report_is_what_arm_none_eabi_size_says(m4_build: Path
 
 
 @needs_arm
-def test_report_says_built_not_run(m4_build: Path) -> None:
-    status = stage_record(m4_build, "verify")["summary"]["status"]
-    assert status.startswith("built, not run") and "Cortex-M" in status, status
-    assert f"| status | {status} |" in (m4_build / "report.md").read_text()
-    # Nothing ran: the kernels' SIMD path is the one their compile flags give (no vector unit).
-    isa = stage_record(m4_build, "verify")["summary"]["kernel_isa"]
+@needs_qemu
+def test_the_firmware_runs_under_qemu_and_verifies_fp32(m4_build: Path) -> None:
+    summary = stage_record(m4_build, "verify")["summary"]
+    assert summary["status"] == "ran under qemu-system-arm -M mps2-an386", summary
+    assert summary["max_rel_error"] <= 1e-4, summary
+    report = (m4_build / "report.md").read_text()
+    assert "| status | ran under qemu-system-arm -M mps2-an386 |" in report
+    assert "built, not run" not in report
+    # Nothing reports the SIMD path on the board: it is the one the compile flags give.
+    isa = summary["kernel_isa"]
     assert isa.startswith("scalar (the target's path from its compile flags"), isa
+    assert f"- kernels: the toolchain's default `-march`, SIMD path {isa}" in report
+    assert "- threads: 1 (bare metal: the runtime has no thread pool)" in report
+    assert (m4_build / "firmware/firmware.elf").is_file()
+    assert "hard-float ABI" in _tool("readelf", "-h", str(m4_build / "firmware/firmware.elf"))
+
+
+@needs_arm
+@needs_qemu
+def test_the_int8_firmware_matches_the_lowered_graph_exactly(m4_ptq_build: Path) -> None:
+    summary = stage_record(m4_ptq_build, "verify")["summary"]
+    assert summary["status"] == "ran under qemu-system-arm -M mps2-an386", summary
+    assert summary["max_abs_diff_vs_lowered"] == 0.0, summary
+    assert summary["sqnr_db"] > 20 and summary["eval_samples"] > 4, summary
+    banks = [
+        b["name"] for b in json.loads((m4_ptq_build / "firmware/sizes.json").read_text())["banks"]
+    ]
+    assert banks[:2] == ["sram", "psram"], banks
+
+
+def _regions() -> dict:
+    from etbuild.pipeline.firmware import BOARDS_DIR, parse_memory
+
+    return parse_memory((BOARDS_DIR / "mps2_an386/board.ld").read_text())
+
+
+@needs_arm
+def test_each_bank_symbol_lies_in_its_region(m4_build: Path) -> None:
+    """nm's address of every bank buffer is inside the MEMORY region its bank names (the
+    board's linker script), and its section is the bank's: SRAM in SSRAM2/3, PSRAM above."""
+    cfg = compose_config(M4)
+    regions = _regions()
+    assert (regions["SRAM"].origin, regions["SRAM"].length) == (0x20000000, 4 << 20)
+    assert (regions["PSRAM"].origin, regions["PSRAM"].length) == (0x21000000, 16 << 20)
+    elf = str(m4_build / "firmware/firmware.elf")
+    symbols = {}
+    for line in _tool("nm", "-S", elf).splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3].startswith("etb_bank_"):
+            symbols[parts[3].removeprefix("etb_bank_")] = (int(parts[0], 16), int(parts[1], 16))
+    plan = json.loads((m4_build / "memory_plan.json").read_text())
+    planned = {b["name"]: b["planned_bytes"] for b in plan["banks"]}
+    assert planned["sram"] > 0 and planned["psram"] > 0, planned  # the plan spilled
+    sections = _tool("readelf", "-S", "-W", elf)
+    for bank in cfg.memory.banks:
+        if not planned.get(bank.name):
+            assert bank.name not in symbols, bank.name  # no buffer for an empty bank
+            continue
+        address, size = symbols[bank.name]
+        region = regions[bank.region]
+        assert region.origin <= address and address + size <= region.origin + region.length, (
+            bank.name,
+            hex(address),
+        )
+        assert size >= planned[bank.name], (bank.name, size)
+        assert re.search(rf"\s{re.escape(bank.section)}\s+NOBITS\s+{address:08x}\s", sections), (
+            bank.name,
+            sections,
+        )
+    # The report gives each bank's use against its capacity, from the same symbols.
+    report = (m4_build / "report.md").read_text()
+    assert "## Firmware (mps2_an386)" in report
+    sram_address = symbols["sram"][0]
+    use = planned["sram"] / 16384
+    assert re.search(
+        rf"^\| sram \| `\.sram_bss` \| SRAM \| `{sram_address:#010x}` \| {planned['sram']:,} B "
+        rf".*\| 16,384 B \(16\.0 KiB\) \| {use:.1%} \|$",
+        report,
+        re.M,
+    ), report
+    fw = json.loads((m4_build / "firmware/sizes.json").read_text())
+    assert f"- flash: {fw['flash_bytes']:,} B" in report
+    assert f"- static RAM: {fw['static_ram_bytes']:,} B" in report
+    metrics = stage_record(m4_build, "build")["metrics"]
+    assert metrics["firmware_bank_bytes"]["sram"] == planned["sram"], metrics
     assert (
-        f"- kernels: the toolchain's default `-march`, SIMD path {isa}"
-        in (m4_build / "report.md").read_text()
+        metrics["firmware_flash_bytes"]
+        == fw["flash_bytes"]
+        > (m4_build / "model.pte").stat().st_size
+    )  # the program is in the firmware's flash
+
+
+@needs_arm
+def test_a_missing_qemu_skips_verify_naming_the_apt_command(m4_build: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    build_in_process([*M4, "target.qemu=no-such-qemu-system-arm"], run_dir)
+    status = stage_record(run_dir, "verify")["summary"]["status"]
+    assert status == (
+        "skipped: no-such-qemu-system-arm is not installed; install it with "
+        f"`{QEMU_APT}` to run the mps2_an386 firmware"
+    ), status
+    assert (run_dir / "firmware/firmware.elf").is_file()  # the build still succeeded
+    # Same runtime, memory plan and program as m4_build: the firmware comes from the cache.
+    assert stage_record(run_dir, "build")["summary"]["firmware_cache"] == "hit"
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "ok"
+
+
+def _firmware_parts(run_dir: Path):
+    from etbuild.pipeline import firmware, pte
+    from etbuild.pipeline.toolchain import resolve
+
+    cfg = compose_config(M4)
+    board = firmware.load_board("mps2_an386")
+    (table,) = pte.bank_tables((run_dir / "model.pte").read_bytes())
+    banks = firmware.firmware_banks(table, cfg.memory.banks, board)
+    return firmware, board, banks, resolve(cfg.target)
+
+
+@needs_arm
+def test_a_firmware_that_does_not_fit_the_board_names_the_bank(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    """A bank that fills SRAM leaves no room for data, bss and the stack: the link fails, and
+    the error names the region, the bank and the sizes."""
+    from etbuild.pipeline.errors import EtbuildError
+
+    firmware, board, banks, tc = _firmware_parts(m4_build)
+    banks[0].size = (4 << 20) - 4096  # sram: all but 4 KiB of SSRAM2/3
+    firmware.generate(banks, m4_build / "model.pte", tmp_path / "gen", 16)
+    with pytest.raises(EtbuildError) as err:
+        firmware.build(
+            tc.cmake_args, m4_build / "runtime", board, banks, tmp_path / "gen",
+            tmp_path / "build", tmp_path / "log",
+        )  # fmt: skip
+    message = str(err.value)
+    assert message.startswith("the firmware does not fit board mps2_an386: SRAM (4,194,304 B"), (
+        message
     )
+    assert f"bank sram {banks[0].size:,} B" in message and "overflows by" in message, message
+    # A bank larger than its region is caught before the link.
+    banks[1].size = 32 << 20
+    with pytest.raises(EtbuildError, match=r"do not fit board mps2_an386's PSRAM \(16,777,216 B"):
+        firmware.check_fit(banks, board)
+
+
+@needs_arm
+@needs_qemu
+def test_a_program_whose_banks_differ_from_the_firmware_is_refused(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    from etbuild.pipeline.errors import EtbuildError
+
+    firmware, board, banks, tc = _firmware_parts(m4_build)
+    firmware.generate(banks[:2], m4_build / "model.pte", tmp_path / "gen", 16)
+    elf = firmware.build(
+        tc.cmake_args, m4_build / "runtime", board, banks[:2], tmp_path / "gen",
+        tmp_path / "build", tmp_path / "log",
+    )  # fmt: skip
+    import torch
+
+    x = torch.load(m4_build / "reference.pt", weights_only=True)["inputs"]
+    with pytest.raises(EtbuildError) as err:
+        firmware.run("qemu-system-arm", board, elf, x, tmp_path, 60)
+    message = str(err.value)
+    assert "(the runtime reported an error)" in message, message
     assert (
-        "- threads: 1 (bare metal: the runtime has no thread pool)"
-        in (m4_build / "report.md").read_text()
+        f"the program plans {len(banks)} memory banks, this firmware has 2 (it was built for "
+        "another memory plan)" in message
+    ), message
+
+
+@needs_arm
+@needs_qemu
+def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    """A plan that reserves the kernels' scratch (64 KiB at the end of the psram bank): the
+    firmware runs with the method's scratch in that region, not the arena, and verifies."""
+    import copy
+
+    import torch
+
+    from etbuild.pipeline.stages.emit import emit_program
+
+    ctx = M4_CONTEXT["ctx"]
+    plan = copy.copy(ctx.artifacts["plan"])
+    at = plan.bank_sizes[1]
+    plan.bank_sizes = [plan.bank_sizes[0], at + 65536, *plan.bank_sizes[2:]]
+    plan.scratch = (1, at, 65536)
+    data, _ = emit_program(ctx.artifacts["program"], plan, 16, 128)
+    program = tmp_path / "model.pte"
+    program.write_bytes(data)
+    firmware, board, _, tc = _firmware_parts(m4_build)
+    from etbuild.pipeline import pte
+
+    (table,) = pte.bank_tables(data)
+    banks = firmware.firmware_banks(table, compose_config(M4).memory.banks, board)
+    firmware.generate(banks, program, tmp_path / "gen", 128)
+    elf = firmware.build(
+        tc.cmake_args, m4_build / "runtime", board, banks, tmp_path / "gen",
+        tmp_path / "build", tmp_path / "log",
+    )  # fmt: skip
+    reference = torch.load(m4_build / "reference.pt", weights_only=True)
+    done = firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
+    assert f"scratch: 65536 bytes at offset {at} of bank 'psram'" in done.console, done.console
+    torch.testing.assert_close(done.outputs[0], reference["outputs"][0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_board_the_target_cannot_run_is_named() -> None:
+    from etbuild.pipeline.errors import EtbuildError
+    from etbuild.pipeline.firmware import check_target, load_board
+
+    board = load_board("mps2_an386")
+    with pytest.raises(EtbuildError, match="runs cortex-m0, .*cortex-m4 code, not target.cpu=c"):
+        check_target(board, compose_config([*M4, "target.cpu=cortex-m7"]).target)
+    with pytest.raises(EtbuildError, match="target.board='nope' is not a board etbuild has"):
+        load_board("nope")
+
+
+def test_a_firmware_that_hangs_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    """firmware.run kills qemu (its process group) when the run takes longer than the timeout;
+    a stand-in qemu that never ends shows it."""
+    import time
+
+    import torch
+
+    from etbuild.pipeline.errors import EtbuildError
+    from etbuild.pipeline.firmware import load_board, run
+
+    fake = tmp_path / "fake-qemu"
+    pid_file = tmp_path / "pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(EtbuildError, match=r"did not finish under fake-qemu within .*=1 s \(k"):
+        run(str(fake), load_board("mps2_an386"), tmp_path / "x.elf", [torch.ones(2)], tmp_path, 1)
+    assert time.monotonic() - start < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)  # gone, not left running
+    assert not list(tmp_path.glob(".verify.*"))  # its temporary folder is removed
+
+
+def test_link_errors_become_a_message_naming_banks_and_sizes() -> None:
+    from etbuild.pipeline.firmware import FirmwareBank, link_error, load_board
+
+    board = load_board("mps2_an386")
+    banks = [
+        FirmwareBank("sram", 4000000, 16, ".sram_bss", "SRAM"),
+        FirmwareBank("psram", 100, 16, ".psram_bss", "PSRAM"),
+    ]
+    log = (
+        "ld: firmware.elf section `.stack' will not fit in region `SRAM'\n"
+        "ld: region `SRAM' overflowed by 123456 bytes\n"
     )
+    message = link_error(log, banks, board)
+    assert message is not None and "SRAM (4,194,304 B at 0x20000000) overflows by 123,456 B" in (
+        message
+    ), message
+    assert "bank sram 4,000,000 B" in message and "psram" not in message, message
+    assert link_error("undefined reference to `foo'", banks, board) is None
 
 
 @needs_arm

@@ -130,7 +130,7 @@ def test_undersized_bank(rt, zoo_build):
     banks = prog.method_meta()["memory_banks"]
     assert len(banks) >= 1 and banks[0] > 0
     small = [banks[0] - 1] + banks[1:]
-    with pytest.raises(rt.Error, match="memory bank 0: buffer has .* plans"):
+    with pytest.raises(rt.Error, match=r"memory bank 0 \('sram'\): buffer has .* plans"):
         prog.init_method("forward", bank_sizes=small)
     with pytest.raises(rt.Error, match="plans 1 memory banks, 0 were given"):
         prog.init_method("forward", bank_sizes=[])
