@@ -141,6 +141,27 @@ class FirmwareBank:
     region: str  # the board region the section goes to
 
 
+def placement(bank, board: Board) -> tuple[str, str]:
+    """(section, region) of a configured bank on ``board``; an error when the board cannot
+    place it. Checked before any stage (cli.check_supported) and again for the program's
+    banks."""
+    name = str(bank.name)
+    section = str(bank.section) if bank.section is not None else ".bss"
+    region = str(bank.region) if bank.region is not None else board.ram_region
+    if bank.section is None and bank.region is not None and region != board.ram_region:
+        raise EtbuildError(
+            f"memory.banks[{name}] names region {region} but no section; a bank without a "
+            f"section goes to .bss (in {board.ram_region}): give it a section too"
+        )
+    if region not in board.regions:
+        raise EtbuildError(
+            f"memory.banks[{name}].region={region} is not a memory region of board "
+            f"{board.name} ({', '.join(board.regions)}); set it to one of them, or "
+            "target.board=null to build the libraries for your own board's linker script"
+        )
+    return section, region
+
+
 def firmware_banks(table, cfg_banks, board: Board) -> list[FirmwareBank]:
     """The program's banks (its bank table) with their sections and regions from the memory
     config, checked against the board."""
@@ -153,18 +174,7 @@ def firmware_banks(table, cfg_banks, board: Board) -> list[FirmwareBank]:
                 f"the program plans memory bank {name!r}, which memory.banks does not have "
                 f"({', '.join(by_name)}); rebuild the program with this memory config"
             )
-        section = str(bank.section) if bank.section is not None else ".bss"
-        region = str(bank.region) if bank.region is not None else board.ram_region
-        if bank.section is None and bank.region is not None and region != board.ram_region:
-            raise EtbuildError(
-                f"memory.banks[{name}] names region {region} but no section; a bank without a "
-                f"section goes to .bss (in {board.ram_region}): give it a section too"
-            )
-        if region not in board.regions:
-            raise EtbuildError(
-                f"memory.banks[{name}].region={region} is not a memory region of board "
-                f"{board.name} ({', '.join(board.regions)}); set it to one of them"
-            )
+        section, region = placement(bank, board)
         if size > 0 and READ_ONLY_SECTIONS.match(section):
             raise EtbuildError(
                 f"memory bank {name!r} holds {size:,} planned bytes, but its section {section} "
@@ -442,6 +452,24 @@ def measure(tc, elf: Path, board: Board, banks: list[FirmwareBank], cfg_banks) -
     }
 
 
+_SCRATCH_SHORT = re.compile(
+    r"kernel temp allocator cannot provide (\d+) bytes \(size (\d+), used (\d+)\)"
+)
+
+
+def _scratch_hint(console: str) -> str:
+    """How to fix a kernel that ran out of scratch memory (memory.scratch_bytes)."""
+    m = _SCRATCH_SHORT.search(console)
+    if m is None or "scratch: " not in console:
+        return ""
+    need = int(m.group(1)) + int(m.group(3))
+    return (
+        f"The kernels' scratch region (memory.scratch_bytes={m.group(2)}) is too small: an "
+        f"instruction needs {need} bytes. Raise memory.scratch_bytes to at least {need}, or "
+        "set memory.scratch_bytes=null so the firmware gives the kernels its free RAM.\n"
+    )
+
+
 def qemu_command(qemu: str, board: Board, elf: Path) -> list[str]:
     return [
         qemu,
@@ -515,7 +543,7 @@ def run(
             lines = "\n".join(console.strip().splitlines()[-10:])
             raise EtbuildError(
                 f"the firmware failed under {Path(qemu).name} ({why}):\n{lines}\n"
-                f"(command: {' '.join(cmd)})"
+                f"{_scratch_hint(console)}(command: {' '.join(cmd)})"
             )
         outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
         return FirmwareRun([etbt.read(p) for p in outs], console)

@@ -1,6 +1,8 @@
 // Error codes and the thread-local error message of the etbuild runtime.
 #pragma once
 
+#include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 
 namespace etb {
@@ -22,6 +24,12 @@ enum class [[nodiscard]] Error : uint32_t {
 
 /// A short name of an error code ("InvalidProgram").
 const char* error_name(Error e);
+
+/// snprintf for the runtime's messages: %s %c %d %i %u %x %p %g %% with the l, ll and z size
+/// modifiers. Hosted builds use the C library's; bare metal (ETB_BARE_METAL) has its own, as
+/// newlib-nano's printf has no %zu, %lld or floating point and would print "zu" for a size.
+int format(char* out, size_t cap, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+int vformat(char* out, size_t cap, const char* fmt, va_list ap);
 
 /// Formats a message into the calling thread's error buffer and returns `e`, so a failure
 /// can be reported in one line: `return fail(Error::InvalidArgument, "input %d ...", i);`.

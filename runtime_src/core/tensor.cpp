@@ -41,7 +41,7 @@ const char* format_sizes(Span<const int64_t> sizes, char* buf, size_t n) {
   int w = snprintf(buf, n, "[");
   pos = w > 0 ? size_t(w) : 0;
   for (size_t i = 0; i < sizes.size() && pos < n; ++i) {
-    w = snprintf(buf + pos, n - pos, i ? ", %lld" : "%lld", (long long)sizes[i]);
+    w = format(buf + pos, n - pos, i ? ", %lld" : "%lld", (long long)sizes[i]);
     if (w < 0) break;
     pos += size_t(w);
   }

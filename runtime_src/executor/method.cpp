@@ -233,7 +233,7 @@ Error check_kernel_calls(const char* method, const Method::Instr* instrs, size_t
     const char* msg = last_error_message();
     if (strstr(problems, msg) != nullptr) continue;  // the same problem at another call
     ++num_listed;
-    int w = snprintf(problems + len, sizeof(problems) - len, "%sinstruction %zu: %s",
+    int w = format(problems + len, sizeof(problems) - len, "%sinstruction %zu: %s",
                      len ? "; " : "", i, msg);
     if (w > 0) len = len + size_t(w) < sizeof(problems) ? len + size_t(w) : sizeof(problems) - 1;
   }

@@ -147,7 +147,7 @@ __attribute__((format(printf, 1, 2))) Error bad_bank_table(const char* format, .
   char what[192];
   va_list ap;
   va_start(ap, format);
-  vsnprintf(what, sizeof(what), format, ap);
+  vformat(what, sizeof(what), format, ap);
   va_end(ap);
   return fail(Error::InvalidProgram,
               "the program's memory bank table is malformed: %s; the file is corrupt or was "
