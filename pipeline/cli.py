@@ -39,6 +39,12 @@ def check_supported(cfg: DictConfig) -> None:
     # the target's toolchain (compilers, NDK, qemu) must exist before any expensive stage, and
     # the programs and pinned kernels the selection names must be readable.
     resolve_toolchain(cfg.target, need_run=cfg.pipeline.verify.enabled)
+    if cfg.target.kind.value == "cortex_m" and cfg.target.get("board") is not None:
+        from .firmware import load_board, placement
+
+        board = load_board(str(cfg.target.board))
+        for bank in cfg.memory.banks:  # the firmware places every bank in a board region
+            placement(bank, board)
     if cfg.selection.programs or cfg.selection.operators:
         from .stages.select import configured
 

@@ -398,10 +398,12 @@ def plan_memory(
     planner: str = "greedy_by_size",
     in_place: bool = True,
     scratch_bytes: int | None = None,
+    quantized: bool = False,
 ) -> Plan:
     """Place every non-constant tensor (and ``scratch_bytes`` of kernel scratch, live for the
     whole method) in the banks that hold activations; a ``(name, capacity)`` pair is a bank
-    with unit costs."""
+    with unit costs. ``quantized``: the model is already int8 (the error when it does not fit
+    then does not suggest quantizing)."""
     if alignment <= 0 or alignment & (alignment - 1):
         raise EtbuildError(f"memory.alignment={alignment} must be a positive power of two")
     all_banks = [_as_bank(b) for b in banks]
@@ -426,7 +428,7 @@ def plan_memory(
     placer = _Placer(storages, planned, alignment)
     placement = run_planner(placer, planner)
     if placement.unplaced:
-        raise EtbuildError(does_not_fit_message(program, storages, planned, placement))
+        raise EtbuildError(does_not_fit_message(program, storages, planned, placement, quantized))
     bank_costs = [0.0] * len(planned)
     for st, (b, offset) in zip(storages, placement.where, strict=True):
         st.bank, st.offset = b, offset
@@ -459,7 +461,7 @@ def _made_by(program: Program) -> dict[int, str]:
     made: dict[int, str] = {}
     for ins in program.instructions:
         for r in ins.returns:
-            if isinstance(r, TensorValue) and ins.source:
+            if isinstance(r, TensorValue) and ins.source and "<unknown" not in ins.source:
                 made[id(r)] = ins.source.strip().splitlines()[-1].strip()
     return made
 
@@ -469,7 +471,11 @@ def _kib(n: int) -> str:
 
 
 def does_not_fit_message(
-    program: Program, storages: list[Storage], banks: list[Bank], placement: _Placement
+    program: Program,
+    storages: list[Storage],
+    banks: list[Bank],
+    placement: _Placement,
+    quantized: bool = False,
 ) -> str:
     """The peak, each bank's capacity, the tensors alive at the peak (size and the source
     line that made them), the tensor that found no room, and what would make it fit."""
@@ -504,7 +510,7 @@ def does_not_fit_message(
         lines.append(f"  ... and {len(alive) - 8} more ({rest} bytes)")
     floats = any(s.members and s.members[0].dtype.is_floating_point for s in alive)
     fixes = []
-    if floats:
+    if floats and not quantized:
         fixes.append("quantize (+quant=ptq: int8 activations take a quarter of fp32's bytes)")
     fixes.append("a smaller input (model.inputs[*].shape)")
     fixes.append(

@@ -224,7 +224,10 @@ def run(ctx: Context) -> None:
     program = schedule.program
     ctx.artifacts["program"] = program
     planner = _value(mem.planner)
-    plan = plan_memory(program, banks, mem.alignment, planner, mem.in_place, mem.scratch_bytes)
+    quantized = _value(ctx.cfg.quant.scheme) != "none"
+    plan = plan_memory(
+        program, banks, mem.alignment, planner, mem.in_place, mem.scratch_bytes, quantized
+    )
     ctx.artifacts["plan"] = plan
     planners = compare_planners(program, banks, mem, plan)
     doc = plan_document(plan, schedule, planners, constants, concats, exported_peak)

@@ -342,9 +342,9 @@ def test_a_program_whose_banks_differ_from_the_firmware_is_refused(
     from etbuild.pipeline.errors import EtbuildError
 
     firmware, board, banks, tc = _firmware_parts(m4_build)
-    firmware.generate(banks[:2], m4_build / "model.pte", tmp_path / "gen", 16)
+    firmware.generate(banks[:1], m4_build / "model.pte", tmp_path / "gen", 16)
     elf = firmware.build(
-        tc.cmake_args, m4_build / "runtime", board, banks[:2], tmp_path / "gen",
+        tc.cmake_args, m4_build / "runtime", board, banks[:1], tmp_path / "gen",
         tmp_path / "build", tmp_path / "log",
     )  # fmt: skip
     import torch
@@ -355,7 +355,7 @@ def test_a_program_whose_banks_differ_from_the_firmware_is_refused(
     message = str(err.value)
     assert "(the runtime reported an error)" in message, message
     assert (
-        f"the program plans {len(banks)} memory banks, this firmware has 2 (it was built for "
+        f"the program plans {len(banks)} memory banks, this firmware has 1 (it was built for "
         "another memory plan)" in message
     ), message
 
@@ -395,6 +395,52 @@ def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
     done = firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
     assert f"scratch: 65536 bytes at offset {at} of bank 'psram'" in done.console, done.console
     torch.testing.assert_close(done.outputs[0], reference["outputs"][0], rtol=1e-4, atol=1e-4)
+
+
+@needs_arm
+@needs_qemu
+def test_too_small_a_scratch_region_is_reported_with_its_numbers_and_fix(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    """1 KiB of planned scratch: the kernel's error comes out of the board with its numbers
+    (the runtime's own formatter: newlib-nano would print "zu"), and etbuild says what to set."""
+    import copy
+    import re
+
+    import torch
+
+    from etbuild.pipeline import pte
+    from etbuild.pipeline.errors import EtbuildError
+    from etbuild.pipeline.stages.emit import emit_program
+
+    ctx = M4_CONTEXT["ctx"]
+    plan = copy.copy(ctx.artifacts["plan"])
+    at = plan.bank_sizes[0]
+    plan.bank_sizes = [at + 1024, *plan.bank_sizes[1:]]
+    plan.scratch = (0, at, 1024)
+    data, _ = emit_program(ctx.artifacts["program"], plan, 16, 128)
+    program = tmp_path / "model.pte"
+    program.write_bytes(data)
+    firmware, board, _, tc = _firmware_parts(m4_build)
+    (table,) = pte.bank_tables(data)
+    banks = firmware.firmware_banks(table, compose_config(M4).memory.banks, board)
+    firmware.generate(banks, program, tmp_path / "gen", 128)
+    elf = firmware.build(
+        tc.cmake_args, m4_build / "runtime", board, banks, tmp_path / "gen",
+        tmp_path / "build", tmp_path / "log",
+    )  # fmt: skip
+    reference = torch.load(m4_build / "reference.pt", weights_only=True)
+    with pytest.raises(EtbuildError) as err:
+        firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
+    message = str(err.value)
+    found = re.search(
+        r"instruction (\d+) \(aten::\w+\.out\): kernel temp allocator cannot provide (\d+) "
+        r"bytes \(size 1024, used (\d+)\)",
+        message,
+    )
+    assert found, message
+    need = int(found.group(2)) + int(found.group(3))
+    assert f"Raise memory.scratch_bytes to at least {need}" in message, message
 
 
 def test_a_board_the_target_cannot_run_is_named() -> None:
@@ -498,3 +544,21 @@ def test_an_application_firmware_links_the_installed_runtime(
     text, data = (int(x) for x in _tool("size", "-B", "-d", str(image)).splitlines()[1].split()[:2])
     assert text + data > pte.stat().st_size  # the program is in flash with the runtime
     assert "etb::native::addmm_out" in _tool("nm", "-C", str(image))
+
+
+@needs_arm
+def test_banks_the_board_cannot_place_are_refused_before_any_stage() -> None:
+    """An STM32H7's DTCM region is not on the MPS2 board: the build stops before any work."""
+    from etbuild.pipeline.cli import check_supported
+    from etbuild.pipeline.errors import EtbuildError
+
+    cfg = compose_config(["model=mlp", "+target=cortex_m", "+memory=stm32h7"])
+    with pytest.raises(EtbuildError) as err:
+        check_supported(cfg)
+    assert str(err.value) == (
+        "memory.banks[dtcm].region=DTCMRAM is not a memory region of board mps2_an386 "
+        "(FLASH, SRAM, PSRAM); set it to one of them, or target.board=null to build the "
+        "libraries for your own board's linker script"
+    )
+    check_supported(compose_config(["model=mlp", "+target=cortex_m", "+memory=stm32h7",
+                                     "target.board=null"]))  # fmt: skip

@@ -31,7 +31,12 @@ def _plan(run_dir: Path) -> dict:
 def test_unet_on_a_cortex_m7_places_activations_in_dtcm_first(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = _run(
-        [*UNET, "model.inputs=[{name:x,shape:[1,3,48,48]}]", "pipeline.stop_after=plan"],
+        [
+            *UNET,
+            "model.inputs=[{name:x,shape:[1,3,48,48]}]",
+            "memory.scratch_bytes=16384",
+            "pipeline.stop_after=plan",
+        ],
         run_dir,
     )
     assert proc.returncode == 0, proc.stderr

@@ -184,7 +184,7 @@ def test_python_api_build_sweep_and_errors(tmp_path: Path, monkeypatch) -> None:
     recipe = etbuild.build(["pipeline.stop_after=plan"], recipe="mcu_int8")  # default run dir
     assert recipe.ok
     assert recipe.run_dir.parent.parent == tmp_path / "outputs"
-    assert set(recipe.metrics["planned_bytes"]) == {"dtcm", "sram"}
+    assert set(recipe.metrics["planned_bytes"]) == {"sram", "psram"}
 
     with pytest.raises(etbuild.EtbuildError, match="unknown setting 'quant.foo'"):
         etbuild.build(["model=mlp", "quant.foo=1"])

@@ -60,7 +60,7 @@ def test_starter_set_covers_the_headline_cases() -> None:
         "ptq",
         "mlp",
     )
-    assert [b.name for b in mcu.memory.banks] == ["dtcm", "sram", "flash"]
+    assert [b.name for b in mcu.memory.banks] == ["sram", "psram", "flash"]
     sweep = R.compose(R.find("sweep_quant"), return_hydra_config=True)
     params = dict(sweep.hydra.sweeper.params)
     assert params == {"model": "mlp,mobilenet", "+quant": "none,ptq,dynamic"}
