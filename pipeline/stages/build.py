@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -400,15 +400,31 @@ def cached_build(
     """The build cache entry of ``key``, built now unless present: yields (entry, was it a
     hit) with the entry's lock held, so concurrent runs build each key once (the others wait,
     then hit) and nothing prunes the entry while the caller copies out of it."""
-    root = cache_root(cfg)
+    with locked_entry(
+        cache_root(cfg),
+        key,
+        "sizes.json",
+        lambda entry: build_into_cache(
+            cfg, tc, selection_path, entry, wheel, backends, backend_args
+        ),
+    ) as found:
+        yield found
+
+
+@contextmanager
+def locked_entry(
+    root: Path, key: str, marker: str, build: Callable[[Path], None]
+) -> Iterator[tuple[Path, bool]]:
+    """The build cache entry ``key`` (complete once it holds ``marker``), made by
+    ``build(entry)`` unless present: yields (entry, was it a hit) with the entry's lock held."""
     entry = root / "builds" / key
     with entry_lock(root, "builds", key):
-        hit = (entry / "sizes.json").is_file()
+        hit = (entry / marker).is_file()
         if hit:
             mark_used(entry)
         else:
             remove_stale_temporaries(entry)
-            build_into_cache(cfg, tc, selection_path, entry, wheel, backends, backend_args)
+            build(entry)
         yield entry, hit
 
 
@@ -464,33 +480,28 @@ def build_firmware(ctx: Context, tc: Toolchain, runtime_key: str) -> tuple[Path,
         h.update(Path(firmware.__file__).read_bytes())
         h.update(Path(__file__).read_bytes())
         key = "fw-" + h.hexdigest()[:24]
-        root = cache_root(cfg)
-        entry = root / "builds" / key
-        with entry_lock(root, "builds", key):
-            hit = (entry / "firmware.elf").is_file()
-            if hit:
-                mark_used(entry)
-            else:
-                remove_stale_temporaries(entry)
-                entry.parent.mkdir(parents=True, exist_ok=True)
-                staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
-                try:
-                    log = staging / "firmware.log"
-                    elf = firmware.build(
-                        tc.cmake_args,
-                        ctx.run_dir / "runtime",
-                        board,
-                        banks,
-                        generated,
-                        staging / "build",
-                        log,
-                    )
-                    (staging / "entry").mkdir()
-                    shutil.copy2(elf, staging / "entry" / "firmware.elf")
-                    shutil.copy2(staging / "build" / "firmware.map", staging / "entry")
-                    os.replace(staging / "entry", entry)
-                finally:
-                    shutil.rmtree(staging, ignore_errors=True)
+
+        def link(entry: Path) -> None:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
+            try:
+                elf = firmware.build(
+                    tc.cmake_args,
+                    ctx.run_dir / "runtime",
+                    board,
+                    banks,
+                    generated,
+                    staging / "build",
+                    staging / "firmware.log",
+                )
+                (staging / "entry").mkdir()
+                shutil.copy2(elf, staging / "entry" / "firmware.elf")
+                shutil.copy2(staging / "build" / "firmware.map", staging / "entry")
+                os.replace(staging / "entry", entry)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+        with locked_entry(cache_root(cfg), key, "firmware.elf", link) as (entry, hit):
             for f in ("firmware.elf", "firmware.map"):
                 shutil.copy2(entry / f, generated / f)
         if out.exists():

@@ -360,30 +360,26 @@ def test_a_program_whose_banks_differ_from_the_firmware_is_refused(
     ), message
 
 
-@needs_arm
-@needs_qemu
-def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
-    m4_build: Path, tmp_path: Path
-) -> None:
-    """A plan that reserves the kernels' scratch (64 KiB at the end of the psram bank): the
-    firmware runs with the method's scratch in that region, not the arena, and verifies."""
+def _firmware_with_scratch(m4_build: Path, tmp_path: Path, bank: int, size: int):
+    """The mlp program emitted with ``size`` bytes of kernel scratch reserved at the end of
+    ``bank`` and its firmware linked: (firmware module, board, elf, reference, offset)."""
     import copy
 
     import torch
 
+    from etbuild.pipeline import pte
     from etbuild.pipeline.stages.emit import emit_program
 
     ctx = M4_CONTEXT["ctx"]
     plan = copy.copy(ctx.artifacts["plan"])
-    at = plan.bank_sizes[1]
-    plan.bank_sizes = [plan.bank_sizes[0], at + 65536, *plan.bank_sizes[2:]]
-    plan.scratch = (1, at, 65536)
+    at = plan.bank_sizes[bank]
+    plan.bank_sizes = list(plan.bank_sizes)
+    plan.bank_sizes[bank] = at + size
+    plan.scratch = (bank, at, size)
     data, _ = emit_program(ctx.artifacts["program"], plan, 16, 128)
     program = tmp_path / "model.pte"
     program.write_bytes(data)
     firmware, board, _, tc = _firmware_parts(m4_build)
-    from etbuild.pipeline import pte
-
     (table,) = pte.bank_tables(data)
     banks = firmware.firmware_banks(table, compose_config(M4).memory.banks, board)
     firmware.generate(banks, program, tmp_path / "gen", 128)
@@ -392,6 +388,19 @@ def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
         tmp_path / "build", tmp_path / "log",
     )  # fmt: skip
     reference = torch.load(m4_build / "reference.pt", weights_only=True)
+    return firmware, board, elf, reference, at
+
+
+@needs_arm
+@needs_qemu
+def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
+    m4_build: Path, tmp_path: Path
+) -> None:
+    """A plan that reserves the kernels' scratch (64 KiB at the end of the psram bank): the
+    firmware runs with the method's scratch in that region, not the arena, and verifies."""
+    import torch
+
+    firmware, board, elf, reference, at = _firmware_with_scratch(m4_build, tmp_path, 1, 65536)
     done = firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
     assert f"scratch: 65536 bytes at offset {at} of bank 'psram'" in done.console, done.console
     torch.testing.assert_close(done.outputs[0], reference["outputs"][0], rtol=1e-4, atol=1e-4)
@@ -404,32 +413,11 @@ def test_too_small_a_scratch_region_is_reported_with_its_numbers_and_fix(
 ) -> None:
     """1 KiB of planned scratch: the kernel's error comes out of the board with its numbers
     (the runtime's own formatter: newlib-nano would print "zu"), and etbuild says what to set."""
-    import copy
     import re
 
-    import torch
-
-    from etbuild.pipeline import pte
     from etbuild.pipeline.errors import EtbuildError
-    from etbuild.pipeline.stages.emit import emit_program
 
-    ctx = M4_CONTEXT["ctx"]
-    plan = copy.copy(ctx.artifacts["plan"])
-    at = plan.bank_sizes[0]
-    plan.bank_sizes = [at + 1024, *plan.bank_sizes[1:]]
-    plan.scratch = (0, at, 1024)
-    data, _ = emit_program(ctx.artifacts["program"], plan, 16, 128)
-    program = tmp_path / "model.pte"
-    program.write_bytes(data)
-    firmware, board, _, tc = _firmware_parts(m4_build)
-    (table,) = pte.bank_tables(data)
-    banks = firmware.firmware_banks(table, compose_config(M4).memory.banks, board)
-    firmware.generate(banks, program, tmp_path / "gen", 128)
-    elf = firmware.build(
-        tc.cmake_args, m4_build / "runtime", board, banks, tmp_path / "gen",
-        tmp_path / "build", tmp_path / "log",
-    )  # fmt: skip
-    reference = torch.load(m4_build / "reference.pt", weights_only=True)
+    firmware, board, elf, reference, _ = _firmware_with_scratch(m4_build, tmp_path, 0, 1024)
     with pytest.raises(EtbuildError) as err:
         firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
     message = str(err.value)
