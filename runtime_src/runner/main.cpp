@@ -198,14 +198,9 @@ int main(int argc, char** argv) {
               (long long)n.value(), bank.value());
       return 1;
     }
-    printf("memory_bank: %s %lld bytes, aligned %zu\n", bank.value(), (long long)n.value(),
-           align.value());
     banks.emplace_back(static_cast<uint8_t*>(p), size_t(n.value()));
   }
   const etb::ScratchRegion scratch = meta->scratch_region();
-  if (scratch.size > 0)
-    printf("scratch: %zu bytes at offset %zu of bank '%s'\n", scratch.size, scratch.offset,
-           meta->memory_bank_name(scratch.bank).value());
   const size_t method_bytes = meta->method_allocator_bytes();
   const size_t temp_bytes = 8u << 20;
   void* method_buf = aligned_buffer(method_bytes);
@@ -223,6 +218,15 @@ int main(int argc, char** argv) {
   mm.temp_allocator = scratch.size > 0 ? nullptr : &temp_alloc;
   etb::Result<etb::Method> method = program->load_method(method_name, mm);
   if (!method.ok()) return die("init");
+  // The memory the method runs in, once it is loaded (a program refused at load prints
+  // nothing on stdout).
+  for (size_t b = 0; b < banks.size(); ++b) {
+    printf("memory_bank: %s %zu bytes, aligned %zu\n", meta->memory_bank_name(b).value(),
+           banks[b].size(), meta->memory_bank_alignment(b).value());
+  }
+  if (scratch.size > 0)
+    printf("scratch: %zu bytes at offset %zu of bank '%s'\n", scratch.size, scratch.offset,
+           meta->memory_bank_name(scratch.bank).value());
   method->set_instruction_budget(uint64_t(budget));
   // Weights packed for the kernels once, here, rather than in every call.
   const size_t prepared_bytes = prepare ? method->prepared_bytes() : 0;
