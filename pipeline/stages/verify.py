@@ -148,18 +148,12 @@ def run(ctx: Context) -> None:
     if tc.kind == TargetKind.cortex_m and tc.board and tc.runnable:
         _verify_firmware(ctx, tc)
         return
-    if tc.kind == TargetKind.cortex_m and tc.board:  # no qemu-system-arm here
+    if not tc.runnable:  # a firmware without qemu-system-arm, or a target nothing here runs
+        skipped = tc.kind == TargetKind.cortex_m and tc.board
         facts = {
-            "status": f"skipped: {tc.not_runnable_reason}",
-            "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile "
-            "flags; not run)",
-        }
-        ctx.artifacts["verify"] = facts
-        ctx.summarize(**facts)
-        return
-    if not tc.runnable:
-        facts = {
-            "status": f"built, not run ({tc.not_runnable_reason})",
+            "status": f"skipped: {tc.not_runnable_reason}"
+            if skipped
+            else f"built, not run ({tc.not_runnable_reason})",
             "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile "
             "flags; not run)",
         }
