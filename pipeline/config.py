@@ -329,6 +329,16 @@ class BankContent(Enum):
     constants = "constants"
 
 
+class ConstantPlacement(Enum):
+    """Where the program's constants are read from when it runs."""
+
+    in_place = "in_place"  # from the program's data (flash, execute-in-place)
+    # Copied at load into banks that hold activations and read cheaper than the constants
+    # bank, while they have room, hottest bytes first (the program keeps them as planned
+    # tensors with initial data: ExecuTorch's mutable data segments).
+    copy = "copy"
+
+
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 SECTION = r"\.[A-Za-z0-9_.]+"
 
@@ -377,6 +387,7 @@ class MemoryConfig:
     # Let the producers of a concatenation's inputs write into its output (no copy).
     concat_in_place: bool = True
     scratch_bytes: int | None = bounded(None, gt=0)
+    constants: ConstantPlacement = ConstantPlacement.in_place
     banks: list[BankConfig] = field(default_factory=lambda: [BankConfig()])
 
 
@@ -707,6 +718,24 @@ def memory_problems(mem: DictConfig) -> Iterator[str]:
             f"memory.scratch_bytes={mem.scratch_bytes} needs a bank that holds scratch; add "
             "'scratch' to the holds of a RAM bank, or set memory.scratch_bytes=null"
         )
+    if ConstantPlacement(mem.constants) == ConstantPlacement.copy:
+        home = next((b for b in mem.banks if BankContent.constants in holds[str(b.name)]), None)
+        if home is None:
+            yield (
+                "memory.constants=copy needs a bank that holds constants (where the weights "
+                "live, such as flash) to copy them from; add one, or set "
+                "memory.constants=in_place"
+            )
+        elif not any(
+            BankContent.activations in holds[str(b.name)] and b.read_cost < home.read_cost
+            for b in mem.banks
+        ):
+            yield (
+                f"memory.constants=copy: no bank that holds activations reads cheaper than "
+                f"the constants bank {str(home.name)!r} (read_cost {home.read_cost}), so a "
+                "copy would gain nothing; set memory.constants=in_place, or give the faster "
+                "bank a lower read_cost"
+            )
 
 
 def validate(cfg: DictConfig) -> DictConfig:

@@ -18,6 +18,10 @@ the order they place storages in, each taking the cheapest bank with room:
 
 The peak-live lower bound is the largest sum of storage sizes alive at one instruction: no
 plan can use less memory in total.
+
+Constants stay in the program's data (a constants bank: flash, read in place) unless
+``copy_constants`` moves some into the room a plan leaves in faster banks; they are then
+copied there when the method loads.
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ class Storage:
 
 
 @dataclass
+class CopiedConstant:
+    """A constant the runtime copies at load from the program's data into ``bank``."""
+
+    value: TensorValue
+    bank: int
+    offset: int
+    reads: int  # bytes instructions read from it per call
+    saved: float  # access cost per call saved against reading it from the constants bank
+
+
+@dataclass
 class Plan:
     """Where every planned tensor lives."""
 
@@ -100,6 +115,14 @@ class Plan:
     location: dict[int, tuple[int, int]] = field(default_factory=dict)  # id(tensor) -> (bank, off)
     banks: list[Bank] = field(default_factory=list)
     bank_costs: list[float] = field(default_factory=list)  # access cost placed in each bank
+    copied: list[CopiedConstant] = field(default_factory=list)  # constants copied at load
+
+    def tensor_bytes(self) -> int:
+        """The bytes the planned tensors (and scratch) span, without copied constants."""
+        ends = list(self.bank_sizes)
+        for c in self.copied:
+            ends[c.bank] = min(ends[c.bank], c.offset)
+        return sum(ends)
 
     @property
     def cost(self) -> float:
@@ -451,6 +474,40 @@ def plan_memory(
         banks=planned,
         bank_costs=bank_costs,
     )
+
+
+def copy_constants(program: Program, plan: Plan, home: Bank) -> None:
+    """Copy constants into the room ``plan`` leaves in banks that hold activations and read
+    cheaper than ``home`` (where the constants live), cheapest bank first, while capacity
+    allows. The hottest bytes go first: constants read by the most instructions, then the
+    smallest. Each copy lives for the whole method, after the bank's planned tensors; the
+    plan's bank sizes and locations grow to include them (its costs stay those of the
+    planned tensors, which the planners compare)."""
+    reads: dict[int, int] = {}
+    constants: dict[int, TensorValue] = {}
+    for ins in program.instructions:
+        for t in {id(t): t for t in ins.tensors() if t.is_constant}.values():
+            constants[id(t)] = t
+            reads[id(t)] = reads.get(id(t), 0) + t.nbytes
+    faster = sorted(
+        (b for b, bank in enumerate(plan.banks)
+         if ACTIVATIONS in bank.holds and bank.read_cost < home.read_cost),
+        key=lambda b: plan.banks[b].read_cost,
+    )  # fmt: skip
+    order = sorted(constants.values(), key=lambda v: (-reads[id(v)] / max(v.nbytes, 1), v.nbytes))
+    for v in order:
+        if v.nbytes == 0:
+            continue
+        for b in faster:
+            bank = plan.banks[b]
+            offset = align_up(plan.bank_sizes[b], plan.bank_alignments[b])
+            if bank.capacity is not None and offset + v.nbytes > bank.capacity:
+                continue
+            saved = reads[id(v)] * (home.read_cost - bank.read_cost)
+            plan.copied.append(CopiedConstant(v, b, offset, reads[id(v)], saved))
+            plan.location[id(v)] = (b, offset)
+            plan.bank_sizes[b] = offset + v.nbytes
+            break
 
 
 # -- the error when it does not fit ---------------------------------------------------------

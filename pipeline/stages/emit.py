@@ -45,6 +45,10 @@ class _Emitter:
         self.constants = bytearray()
         self.constant_offsets: list[int] = [0]  # entry 0 is reserved
         self.constant_index: dict[str, int] = {}
+        # Constants the plan copies into a bank at load: their initial data, ExecuTorch's
+        # mutable data segment (a planned tensor whose data_buffer_idx indexes these offsets).
+        self.copied = bytearray()
+        self.copied_offsets: list[int] = [0]  # entry 0 is reserved
         self.delegates: list[Delegate] = []
         self.blobs: list[bytes] = []  # one segment each, after the constant segment
         self.blob_index: dict[str, int] = {}
@@ -137,9 +141,15 @@ class _Emitter:
         t.sizes = list(v.shape)
         t.dimOrder = list(range(len(v.shape)))
         t.shapeDynamism = 1 if v.dynamic else 0
-        if v.is_constant:
+        copied = v.is_constant and id(v) in self.plan.location
+        if v.is_constant and not copied:
             t.dataBufferIdx = self.constant_buffer(v.data)
         else:
+            if copied:
+                start = pte.align_up(len(self.copied), self.constant_alignment)
+                self.copied += b"\0" * (start - len(self.copied)) + tensor_bytes(v.data)
+                self.copied_offsets.append(start)
+                t.dataBufferIdx = len(self.copied_offsets) - 1
             bank, offset = self.plan.where(v)
             a = m["AllocationDetails"].AllocationDetailsT()
             a.memoryId = bank + 1  # 1-based on the wire
@@ -349,6 +359,13 @@ def emit_program(
     # the flatbuffer and the other segments (filled in once serialized); the runtime finds each
     # through a named data entry, which ExecuTorch's runtime ignores.
     segments = [constants, *e.blobs]
+    prog.mutableDataSegments = []
+    if e.copied:
+        segments.append(bytes(e.copied))
+        copied = m["SubsegmentOffsets"].SubsegmentOffsetsT()
+        copied.segmentIndex = len(segments) - 1
+        copied.offsets = e.copied_offsets
+        prog.mutableDataSegments.append(copied)
     named_data = []
     if bank_table:
         segments.append(pte.encode_bank_tables([bank_table_of(plan, "forward")]))
@@ -376,6 +393,8 @@ def emit_program(
         "operators": len(ops),
         "constants": len(e.constant_offsets) - 1,
         "constant_bytes": len(constants),
+        "copied_constants": len(e.copied_offsets) - 1,
+        "copied_constant_bytes": len(e.copied),
         "delegates": len(e.delegates),
         "delegate_bytes": sum(len(b) for b in e.blobs),
         "file_bytes": len(data),

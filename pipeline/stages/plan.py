@@ -15,7 +15,15 @@ from omegaconf import DictConfig
 from ..concat import concat_in_place
 from ..errors import EtbuildError
 from ..ir import Program
-from ..planner import CONSTANTS, PLANNERS, Bank, Plan, peak_live, plan_memory
+from ..planner import (
+    CONSTANTS,
+    PLANNERS,
+    Bank,
+    Plan,
+    copy_constants,
+    peak_live,
+    plan_memory,
+)
 from ..runner import Context
 from ..schedule import Schedule, min_peak_order, program_order
 
@@ -70,6 +78,24 @@ def check_constants_fit(program: Program, banks: list[Bank]) -> dict | None:
             f"model, or raise memory.banks[{bank.name}].size_bytes"
         )
     return {"name": bank.name, "capacity_bytes": bank.capacity, "constant_bytes": need}
+
+
+def copied_constants(plan: Plan) -> dict:
+    """memory_plan.json's account of the constants copied into faster banks at load."""
+    return {
+        "copied_bytes": sum(c.value.nbytes for c in plan.copied),
+        "copied_cost_saved": round(sum(c.saved for c in plan.copied), 1),
+        "copied": [
+            {
+                "name": c.value.name,
+                "bank": plan.bank_names[c.bank],
+                "offset": c.offset,
+                "size": c.value.nbytes,
+                "reads": c.reads,
+            }
+            for c in plan.copied
+        ],
+    }
 
 
 def schedule_program(program: Program, mem: DictConfig) -> Schedule:
@@ -130,10 +156,12 @@ def plan_document(
                 "write_cost": bank.write_cost,
                 "cost": round(plan.bank_costs[i], 1),
                 "tensors": sum(len(s.members) for s in plan.storages if s.bank == i),
+                "copied_constant_bytes": sum(c.value.nbytes for c in plan.copied if c.bank == i),
             }
             for i, bank in enumerate(plan.banks)
         ],
         "total_bytes": sum(plan.bank_sizes),
+        "tensor_bytes": plan.tensor_bytes(),
         "lower_bound_bytes": plan.lower_bound,
         "cost": round(plan.cost, 1),
         "planners": planners,
@@ -230,6 +258,9 @@ def run(ctx: Context) -> None:
     )
     ctx.artifacts["plan"] = plan
     planners = compare_planners(program, banks, mem, plan)
+    if _value(mem.constants) == "copy":
+        copy_constants(program, plan, next(b for b in banks if CONSTANTS in b.holds))
+        constants = {**constants, **copied_constants(plan)}
     doc = plan_document(plan, schedule, planners, constants, concats, exported_peak)
     ctx.write("memory_plan.json", (json.dumps(doc, indent=1) + "\n").encode())
     for b, name in enumerate(plan.bank_names):

@@ -291,8 +291,16 @@ def _memory_section(plan: dict) -> list[str]:
             + " | - | - | - |"
         )
     bound = plan["lower_bound_bytes"]
-    ratio = plan["total_bytes"] / bound if bound else 1.0
+    ratio = plan.get("tensor_bytes", plan["total_bytes"]) / bound if bound else 1.0
     lines += ["", f"Peak-live lower bound: {_kb(bound)}; the plan is {ratio:.3f}x of it."]
+    if constants and constants.get("copied"):
+        into = sorted({c["bank"] for c in constants["copied"]})
+        lines.append(
+            f"Constants copied at load (memory.constants=copy): {len(constants['copied'])} "
+            f"tensors, {_kb(constants['copied_bytes'])} into {', '.join(into)}, after the "
+            f"planned tensors; they save {constants['copied_cost_saved']:,.0f} of access "
+            f"cost per call against reading them from {constants['name']}."
+        )
     scratch = plan.get("scratch")
     if scratch:
         lines.append(

@@ -74,7 +74,7 @@ Error init_tensor(InitState& st, size_t index, const fb::Tensor* t, EValue* out)
   void* data = nullptr;
   size_t capacity = 0;
   bool read_only = false;
-  if (t->data_buffer_idx() > 0) {
+  if (t->data_buffer_idx() > 0 && t->allocation_info() == nullptr) {
     ETB_ASSIGN_OR_RETURN(const uint8_t* p,
                          st.program->constant_data(t->data_buffer_idx(), nbytes, esize));
     data = const_cast<uint8_t*>(p);  // marked read-only below; kernels refuse to write it
@@ -99,6 +99,14 @@ Error init_tensor(InitState& st, size_t index, const fb::Tensor* t, EValue* out)
       return fail(Error::InvalidProgram, "value %zu: offset %llu is misaligned for %s", index,
                   (unsigned long long)offset, scalar_type_name(dtype));
     capacity = nbytes;
+    if (t->data_buffer_idx() > 0) {
+      // Planned, with initial data: a constant copied at load into a faster bank. It stays
+      // a constant (read-only) for the kernels and the prepare hooks.
+      ETB_ASSIGN_OR_RETURN(const uint8_t* src,
+                           st.program->mutable_data(t->data_buffer_idx(), nbytes));
+      if (nbytes > 0) std::memcpy(data, src, nbytes);
+      read_only = true;
+    }
   }
   new (tensor) Tensor(dtype, int(dim), sizes, order, data, capacity, ShapeDynamism(dyn));
   tensor->set_read_only(read_only);

@@ -454,6 +454,24 @@ Result<const uint8_t*> Program::constant_data(uint32_t index, size_t nbytes,
   return p;
 }
 
+Result<const uint8_t*> Program::mutable_data(uint32_t index, size_t nbytes) const {
+  const auto* all = program_->mutable_data_segments();
+  if (all == nullptr || all->size() == 0 || all->Get(0)->offsets() == nullptr)
+    return fail(Error::InvalidProgram,
+                "initial data %u: the program has no mutable data segment", unsigned(index));
+  const fb::SubsegmentOffsets* ms = all->Get(0);
+  ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(ms->segment_index()));
+  if (index >= ms->offsets()->size())
+    return fail(Error::InvalidProgram, "initial data %u: the mutable data segment has %u entries",
+                unsigned(index), unsigned(ms->offsets()->size()));
+  uint64_t off = ms->offsets()->Get(index);
+  if (off > seg.size() || nbytes > seg.size() - off)
+    return fail(Error::InvalidProgram,
+                "initial data %u: %zu bytes at offset %llu exceed the %zu-byte segment",
+                unsigned(index), nbytes, (unsigned long long)off, seg.size());
+  return seg.data() + off;
+}
+
 // ---- MethodMeta ------------------------------------------------------------------------
 
 const char* MethodMeta::name() const { return plan_->name() ? plan_->name()->c_str() : ""; }

@@ -111,6 +111,9 @@ class Program : public NamedDataMap {
 
   /// `nbytes` of constant buffer `index` (bounds- and alignment-checked).
   Result<const uint8_t*> constant_data(uint32_t index, size_t nbytes, size_t align) const;
+  /// `nbytes` of entry `index` of the first mutable data segment: the initial data of a
+  /// planned tensor (etbuild: a constant copied into a faster bank at load). Bounds-checked.
+  Result<const uint8_t*> mutable_data(uint32_t index, size_t nbytes) const;
   /// Segment `index` as a byte span (bounds-checked at load).
   Result<Span<const uint8_t>> segment(size_t index) const;
   /// The segment that named data entry `key` points at.

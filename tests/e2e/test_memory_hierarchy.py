@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from etbuild_test_support import run_cli
+from etbuild_test_support import run_cli, run_in_executorch
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +84,63 @@ def test_weights_that_exceed_the_flash_fail_in_plan(tmp_path: Path) -> None:
     assert "the program's constants (" in proc.stderr
     assert "do not fit bank 'flash' (65536 bytes)" in proc.stderr
     assert not (run_dir / "runtime").exists()
+
+
+def test_constants_copied_into_faster_banks_run_in_both_runtimes(tmp_path: Path) -> None:
+    """memory.constants=copy on the Cortex-M7 preset: the DS-CNN's weights fill the room the
+    activations leave in DTCM, the one that does not fit goes to SRAM, and the program carries
+    them as planned tensors with initial data, which etbuild's runtime and ExecuTorch's copy
+    into place at load."""
+    import torch
+
+    import etbuild.runtime
+
+    run_dir = tmp_path / "run"
+    proc = _run(
+        [
+            "model=ds_cnn",
+            "+memory=stm32h7",
+            "memory.constants=copy",
+            "pipeline.stop_after=reference",
+        ],
+        run_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    plan = _plan(run_dir)
+    constants = plan["constants"]
+    copied = {c["name"]: c for c in constants["copied"]}
+    assert constants["copied_bytes"] == constants["constant_bytes"]  # every weight has room
+    assert {c["bank"] for c in copied.values()} == {"dtcm", "sram"}
+    banks = {b["name"]: b for b in plan["banks"]}
+    for name, bank in banks.items():
+        assert bank["planned_bytes"] <= bank["capacity_bytes"]
+        mine = [c for c in copied.values() if c["bank"] == name]
+        assert bank["copied_constant_bytes"] == sum(c["size"] for c in mine)
+        # after every planned tensor of the bank
+        ends = [t["offset"] + t["size"] for t in plan["tensors"] if t["bank"] == name]
+        assert all(c["offset"] >= max(ends, default=0) for c in mine)
+    # a weight went to SRAM only when DTCM had no room left for it; small ones came first
+    room = banks["dtcm"]["capacity_bytes"] - banks["dtcm"]["planned_bytes"]
+    assert all(c["size"] > room for c in copied.values() if c["bank"] == "sram")
+    in_dtcm = [c["size"] for c in constants["copied"] if c["bank"] == "dtcm"]
+    assert in_dtcm == sorted(in_dtcm)
+    assert constants["copied_cost_saved"] > 0
+    # the planned tensors' span leaves the copies out
+    assert plan["tensor_bytes"] == sum(
+        min(
+            (c["offset"] for c in copied.values() if c["bank"] == b["name"]),
+            default=b["planned_bytes"],
+        )
+        for b in plan["banks"]
+    )
+    emit = next(s for s in json.loads((run_dir / "manifest.json").read_text())["stages"]
+                if s["name"] == "emit")["summary"]  # fmt: skip
+    assert emit["constants"] == 0 and emit["copied_constant_bytes"] >= constants["copied_bytes"]
+
+    ref = torch.load(run_dir / "reference.pt", weights_only=True)
+    program = etbuild.runtime.load(str(run_dir / "model.pte"))
+    got = program.run(ref["inputs"])
+    assert float(ref["outputs"][0].std()) > 0.1
+    torch.testing.assert_close(got[0], ref["outputs"][0], rtol=1e-5, atol=1e-5)
+    (out,) = run_in_executorch([str(run_dir)])[str(run_dir)]["outputs"]
+    assert out["err"] <= 1e-5 * out["scale"], out

@@ -495,6 +495,16 @@ def test_memory_presets_compose_and_validate(preset: str) -> None:
             "memory.scratch_bytes=4096 needs a bank that holds scratch",
         ),
         (
+            ["memory.constants=copy"],
+            "memory.constants=copy needs a bank that holds constants (where the weights live, "
+            "such as flash) to copy them from; add one, or set memory.constants=in_place",
+        ),
+        (
+            ["+memory=stm32h7", "memory.constants=copy", "memory.banks.2.read_cost=0.5"],
+            "memory.constants=copy: no bank that holds activations reads cheaper than the "
+            "constants bank 'flash' (read_cost 0.5), so a copy would gain nothing",
+        ),
+        (
             ["+memory=stm32h7", "memory.banks.0.read_cost=0"],
             "memory.banks[0].read_cost=0.0 is not valid: it must be more than 0",
         ),

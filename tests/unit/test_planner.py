@@ -17,7 +17,7 @@ from etbuild.pipeline.concat import concat_in_place
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.ir import Instruction, Program, TensorValue
 from etbuild.pipeline.ops import load_ops
-from etbuild.pipeline.planner import PLANNERS, Bank, Plan, align_up, plan_memory
+from etbuild.pipeline.planner import PLANNERS, Bank, Plan, align_up, copy_constants, plan_memory
 from etbuild.pipeline.schedule import min_peak_order
 
 OPS = load_ops()
@@ -600,6 +600,57 @@ def test_constant_and_scratch_only_banks() -> None:
     assert plan.bank_names == ["scratchpad", "sram"]  # flash holds no planned memory
     assert plan.scratch == (0, 0, 512)
     assert all(plan.where(v)[0] == 1 for v in program.values)
+
+
+def test_copy_constants_fills_the_room_left_in_faster_banks_hottest_first() -> None:
+    """Constants go to the cheapest bank that holds activations and has room after the
+    planned tensors: the most-read bytes first, then the smallest; what fits nowhere stays
+    in the constants bank, and nothing is copied into a bank no cheaper than it."""
+    b = Builder()
+    x = b.input("x", 64)
+    small = b.const("small", 16)  # 64 B, read by three instructions
+    medium = b.const("medium", 64)  # 256 B, read once
+    big = b.const("big", 4096)  # 16 KiB, read once: fits neither fast bank
+    h = b.add("a", x, small)
+    h = b.add("b", h, small)
+    h = b.add("c", h, small)
+    h = b.add("d", h, medium)
+    program = b.output(b.add("e", h, big))
+    banks = [
+        Bank("tcm", capacity=1024),
+        Bank("sram", capacity=4096, read_cost=2.0, write_cost=2.0),
+        Bank("flash", capacity=1 << 20, read_cost=3.0, write_cost=100.0,
+             holds=frozenset({"constants"})),
+        Bank("psram", None, read_cost=4.0, write_cost=4.0),
+    ]  # fmt: skip
+    plan = plan_memory(program, banks[:2] + banks[3:], 16, "hill_climb", True)
+    planned = list(plan.bank_sizes)
+    cost = plan.cost
+    copy_constants(program, plan, banks[2])
+    where = {c.value.name: (plan.bank_names[c.bank], c.offset) for c in plan.copied}
+    assert list(where) == ["small", "medium"]  # 3 reads per byte of small; 1 of medium
+    assert {name: bank for name, (bank, _) in where.items()} == {"small": "tcm", "medium": "tcm"}
+    # after the planned tensors, aligned, not overlapping one another
+    assert where["small"][1] == align_up(planned[0], 16)
+    assert where["medium"][1] == align_up(where["small"][1] + 64, 16)
+    assert plan.bank_sizes[0] == where["medium"][1] + 256 <= 1024
+    assert plan.bank_sizes[1:] == planned[1:]  # nothing spilled to slower banks
+    assert plan.where(small) == (0, where["small"][1])
+    assert all(c.value is not big for c in plan.copied)
+    assert plan.tensor_bytes() == sum(planned) and plan.cost == cost
+    saved = {c.value.name: c.saved for c in plan.copied}
+    assert saved == {"small": 3 * 64 * (3.0 - 1.0), "medium": 256 * (3.0 - 1.0)}
+
+
+def test_copy_constants_never_copies_into_a_bank_no_faster_than_the_constants() -> None:
+    b = Builder()
+    x = b.input("x", 64)
+    program = b.output(b.add("y", x, b.const("w", 64)))
+    plan = plan_memory(program, [Bank("sram", None, read_cost=3.0)], 16, "hill_climb", True)
+    copy_constants(
+        program, plan, Bank("flash", None, read_cost=3.0, holds=frozenset({"constants"}))
+    )
+    assert plan.copied == []
 
 
 def test_does_not_fit_names_the_peak_tensors_and_the_fixes() -> None:
