@@ -125,6 +125,14 @@ def test_constants_copied_into_faster_banks_run_in_both_runtimes(tmp_path: Path)
     in_dtcm = [c["size"] for c in constants["copied"] if c["bank"] == "dtcm"]
     assert in_dtcm == sorted(in_dtcm)
     assert constants["copied_cost_saved"] > 0
+    from etbuild.pipeline.stages.report import _memory_section
+
+    report = "\n".join(_memory_section(plan))
+    assert (
+        f"Constants copied at load (memory.constants=copy): {len(copied)} tensors, "
+        f"{constants['copied_bytes']:,} B"
+    ) in report
+    assert "the plan is 1.000x of it" in report  # the copies are not counted against the bound
     # the planned tensors' span leaves the copies out
     assert plan["tensor_bytes"] == sum(
         min(
