@@ -31,6 +31,13 @@ from ..errors import EtbuildError
 from ..runner import Context, sha256_file
 
 
+def scratch_peak(console: str) -> int | None:
+    """The runner's or firmware's "scratch_peak: N" line: the most kernel scratch bytes one
+    instruction used (what a fixed memory.scratch_bytes reservation must cover)."""
+    found = re.search(r"^scratch_peak: (\d+)", console, re.M)
+    return int(found.group(1)) if found else None
+
+
 class BuiltRunner:
     """The build stage's ``etb_runner`` for one program, run once per input set."""
 
@@ -40,6 +47,7 @@ class BuiltRunner:
         self.ran_threads = 0  # the runner's "threads: N" line, after a run
         self.latency = ""  # the runner's latency line, after a run of several iterations
         self.latency_ms: dict[str, float] = {}  # its numbers: median, p10, p90, runs
+        self.scratch_peak: int | None = None  # the runner's "scratch_peak: N" line
 
     def run(
         self, inputs: list[torch.Tensor], iters: int = 1, warmup: int = 0
@@ -63,6 +71,7 @@ class BuiltRunner:
             self.kernel_isa = isa.group(1) if isa else "unknown"
             threads = re.search(r"^threads: (\d+)$", proc.stdout, re.M)
             self.ran_threads = int(threads.group(1)) if threads else 0
+            self.scratch_peak = scratch_peak(proc.stdout)
             latency = re.search(
                 r"^latency_ms: median=(\S+) p10=(\S+) p90=(\S+) iters=(\d+)$", proc.stdout, re.M
             )
@@ -187,6 +196,7 @@ def run(ctx: Context) -> None:
         "kernel_isa": program.kernel_isa,
         "threads": program.ran_threads,
         **measured,
+        **_scratch_fact(program.scratch_peak),
     }
     if program.latency:
         facts["latency"] = program.latency + (
@@ -196,11 +206,24 @@ def run(ctx: Context) -> None:
     ctx.summarize(**facts)
     if program.latency_ms:
         ctx.measure(latency_ms={**program.latency_ms, "emulated": emulated})
+    _measure(ctx, facts)
+
+
+def _measure(ctx: Context, facts: dict) -> None:
+    """Record the numbers that compare builds; a quantized build below its SQNR floor fails."""
     ctx.measure(
-        **{k: facts[k] for k in ("max_rel_error", "sqnr_db", "top1_agreement") if k in facts}
+        **{
+            k: facts[k]
+            for k in ("max_rel_error", "sqnr_db", "top1_agreement", "scratch_peak_bytes")
+            if k in facts
+        }
     )
     if "sqnr_db" in facts:
         _check_sqnr(ctx, facts)
+
+
+def _scratch_fact(peak: int | None) -> dict:
+    return {} if peak is None else {"scratch_peak_bytes": peak}
 
 
 class FirmwareRunner:
@@ -280,12 +303,9 @@ def _verify_firmware(ctx: Context, tc) -> None:
         "kernel_isa": f"{ctx.artifacts['kernel_isa']} (the target's path from its compile flags)",
         "threads": 1,
         **measured,
+        **_scratch_fact(scratch_peak(program.console)),
         "latency": "not measured (qemu does not model the board's timing)",
     }
     ctx.artifacts["verify"] = facts
     ctx.summarize(**{k: v for k, v in facts.items() if k != "latency"})
-    ctx.measure(
-        **{k: facts[k] for k in ("max_rel_error", "sqnr_db", "top1_agreement") if k in facts}
-    )
-    if "sqnr_db" in facts:
-        _check_sqnr(ctx, facts)
+    _measure(ctx, facts)

@@ -54,6 +54,9 @@ class Method {
   /// constants (weights packed for their micro-kernels). 0 when no call has anything to
   /// prepare.
   size_t prepared_bytes() const { return prepared_bytes_; }
+  /// The most kernel scratch (temp allocator) bytes any instruction has used since load: the
+  /// size a fixed scratch reservation (memory.scratch_bytes) needs for this build's kernels.
+  size_t scratch_peak() const { return temp_ != nullptr ? temp_->peak() : 0; }
   /// Has every kernel call with a prepare hook fill its part of `memory` (prepared_bytes()
   /// bytes, 64-byte aligned, kept alive and unchanged as long as the method runs), so that
   /// no call repeats that work. Optional: an unprepared method computes the same outputs,

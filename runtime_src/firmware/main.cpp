@@ -202,6 +202,7 @@ int main() {
     const int status = write_output(o, v->to_tensor());
     if (status != ETB_FW_OK) return status;
   }
+  say("scratch_peak: %u bytes\n", unsigned(method->scratch_peak()));
   say("etb_firmware: ok, %u outputs\n", unsigned(method->num_outputs()));
   return ETB_FW_OK;
 }

@@ -306,6 +306,7 @@ int main(int argc, char** argv) {
   printf("kernel_isa: %s\n", etb::kernel_isa());
   printf("threads: %d\n", pool ? pool->num_threads() : 1);
   printf("prepared_bytes: %zu\n", prepared_bytes);
+  printf("scratch_peak: %zu\n", method->scratch_peak());
   printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),
          times.size());
   if (profile) {

@@ -231,6 +231,23 @@ def test_the_int8_firmware_matches_the_lowered_graph_exactly(m4_ptq_build: Path)
     assert {c["bank"] for c in constants["copied"]} == {"sram"}
 
 
+@needs_arm
+@needs_qemu
+def test_the_ds_cnn_int8_firmware_verifies_with_mcu_sized_kernel_scratch(tmp_path: Path) -> None:
+    """MLPerf Tiny's keyword-spotting DS-CNN, int8, on the emulated board: exact against the
+    lowered graph, and the kernels' scratch is sized for a microcontroller: the int8 GEMM's
+    blocks hold no more columns than a product has (its first convolution asked for 197 KiB
+    of a 192 KiB desktop block for 125 columns)."""
+    run_dir = tmp_path / "run"
+    build_in_process(
+        ["model=ds_cnn", "+target=cortex_m", "+memory=mps2_an386", "+quant=ptq"], run_dir
+    )
+    summary = stage_record(run_dir, "verify")["summary"]
+    assert summary["status"] == "ran under qemu-system-arm -M mps2-an386", summary
+    assert summary["max_abs_diff_vs_lowered"] == 0.0, summary
+    assert 0 < summary["scratch_peak_bytes"] <= 32 * 1024, summary
+
+
 def _regions() -> dict:
     from etbuild.pipeline.firmware import BOARDS_DIR, parse_memory
 

@@ -27,12 +27,19 @@ constexpr int64_t kMR = 4, kNR = 16;  // 8 ymm accumulators (6 rows spilled them
 #else
 constexpr int64_t kMR = 4, kNR = 8;
 #endif
-constexpr int64_t kBlockBytes = 192 * 1024;  // packed B block: stays in L2 across A slivers
+// Packed B block: hosted, it stays in L2 across A slivers; bare metal (no cache to fit, little
+// RAM), small.
+#if defined(ETB_BARE_METAL)
+constexpr int64_t kBlockBytes = 16 * 1024;
+#else
+constexpr int64_t kBlockBytes = 192 * 1024;
+#endif
 // Packed A rows: packed once per call, reused by every B block (bigger A: chunks of rows).
 // Hosted, 2 MiB: ResNet18's 256-channel 3x3 weights (1.2 MiB widened) are packed whole, so
-// the threads can split a convolution's column tiles.
+// the threads can split a convolution's column tiles. Bare metal, 32 KiB: a microcontroller's
+// RAM (B is packed again for each chunk).
 #if defined(ETB_BARE_METAL)
-constexpr int64_t kAChunkBytes = 1 << 20;
+constexpr int64_t kAChunkBytes = 32 * 1024;
 #else
 constexpr int64_t kAChunkBytes = 2 << 20;
 #endif
@@ -60,11 +67,13 @@ constexpr int64_t kColumnSplitPanels = 4;
 // and few panels (the threads then split rows, not columns: see qgemm) all of B is one block,
 // so that each chunk of A takes one pack loop and one multiply loop rather than one pair per
 // block (a 7x7 plane's 49 columns at depth 4608 would be 4 blocks of one panel).
+// A block never holds more panels than the product has (DS-CNN's first convolution, depth 40,
+// would otherwise take a 192 KiB block for its 125 columns).
 int64_t b_block_cols(int64_t N, int64_t K, int threads) {
   const int64_t panels = (N + kNR - 1) / kNR;
   if (threads > 1 && panels < kColumnSplitPanels * threads)
     return panels * kNR > kNR ? panels * kNR : kNR;
-  return block_cols(K);
+  return min64(block_cols(K), panels > 1 ? panels * kNR : kNR);
 }
 
 constexpr size_t align64(size_t n) {
@@ -353,7 +362,7 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
   const size_t Kp = size_t(pairs(K > 0 ? K : 1));
   // Room for the B block of a product of any N' <= N columns.
   const int64_t few = threads > 1 ? min64(N, (kColumnSplitPanels * threads - 1) * kNR) : 0;
-  const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = block_cols(K);
+  const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = b_block_cols(N, K, 1);
   return align64(size_t(few_cols > cols ? few_cols : cols) * Kp * 4) +
          align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
 }
