@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import yaml
 from . import etbt, process_group
 from .errors import EtbuildError
 from .paths import RUNTIME_SRC_DIR
+from .progress import Progress
 
 FIRMWARE_DIR = RUNTIME_SRC_DIR / "firmware"
 BOARDS_DIR = FIRMWARE_DIR / "boards"
@@ -347,10 +349,14 @@ def build(
         *defines,
     ]
     for cmd, what in ((configure, "configuring"), ([cmake, "--build", str(work)], "linking")):
-        with open(log, "ab") as f:
+        building = what == "linking"
+        with (
+            open(log, "ab") as f,
+            Progress("building the firmware (ninja)") if building else nullcontext() as progress,
+        ):
             f.write(("$ " + " ".join(cmd) + "\n").encode())
             f.flush()
-            code = process_group.run(cmd, f)
+            code = process_group.run(cmd, f, progress=progress)
         if code != 0:
             text = log.read_text(errors="replace")
             message = link_error(text, banks, board)

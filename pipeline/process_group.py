@@ -14,7 +14,10 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:  # this file also runs as a script (the supervisor): no package imports
+    from .progress import Progress
 
 PR_SET_PDEATHSIG = 1
 
@@ -31,8 +34,11 @@ def _die_with_parent(parent: int):
     return setup
 
 
-def run(cmd: list[str], stdout: IO[bytes], cwd: str | None = None) -> int:
-    """Runs ``cmd`` in a process group that dies with etbuild; returns its exit code."""
+def run(
+    cmd: list[str], stdout: IO[bytes], cwd: str | None = None, progress: Progress | None = None
+) -> int:
+    """Runs ``cmd`` in a process group that dies with etbuild; returns its exit code. With a
+    ``progress``, ninja's status lines in ``stdout`` (a log file) drive it while it runs."""
     proc = subprocess.Popen(
         [sys.executable, __file__, *cmd],
         stdout=stdout,
@@ -41,7 +47,20 @@ def run(cmd: list[str], stdout: IO[bytes], cwd: str | None = None) -> int:
         start_new_session=True,  # the supervisor leads the group the build runs in
         preexec_fn=_die_with_parent(os.getpid()),
     )
+    follow = None
+    if progress is not None:
+        from .progress import NinjaLog
+
+        follow = NinjaLog(stdout.name, progress)
     try:
+        while follow is not None:
+            try:
+                code = proc.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                follow.poll()
+                continue
+            follow.poll()  # the last lines
+            return code
         return proc.wait()
     except BaseException:  # interrupted: stop the build before etbuild goes
         try:

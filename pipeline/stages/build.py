@@ -39,13 +39,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .. import __version__, process_group
 from ..config import TargetKind
 from ..errors import EtbuildError
 from ..paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
+from ..progress import Progress
 from ..runner import Context, sha256_file, tree_digest
 from ..stage_cache import cache_root, entry_lock, mark_used, remove_stale_temporaries
 from ..toolchain import Toolchain, resolve
@@ -150,11 +151,14 @@ def backend_cmake_args(cfg) -> list[str]:
     return [str(a) for a in getattr(load_backend(cfg.partitioner), "cmake_args", [])]
 
 
-def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
-    with open(log, "ab") as f:
+def _run(
+    cmd: list[str], log: Path, what: str, cwd: Path | None = None, compiles: bool = False
+) -> None:
+    """Run a build command into ``log``; ``compiles``: show ninja's progress while it runs."""
+    with open(log, "ab") as f, Progress(what) if compiles else nullcontext() as progress:
         f.write(("$ " + " ".join(cmd) + "\n").encode())
         f.flush()
-        returncode = process_group.run(cmd, f, cwd=str(cwd) if cwd else None)
+        returncode = process_group.run(cmd, f, cwd=str(cwd) if cwd else None, progress=progress)
     if returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-30:]
         raise EtbuildError(f"{what} failed (full log: {log}):\n" + "\n".join(tail))
@@ -331,6 +335,7 @@ def build_wheel(defines: list[str], key: str, build_dir: Path, wheel_dir: Path, 
         log,
         "building the runtime and its wheel (scikit-build-core)",
         cwd=project,
+        compiles=True,
     )
     return next(wheel_dir.glob("*.whl"))
 
@@ -367,7 +372,12 @@ def build_into_cache(
                 log,
                 "configuring the runtime (cmake)",
             )
-            _run([cmake, "--build", str(build_dir)], log, "building the runtime (ninja)")
+            _run(
+                [cmake, "--build", str(build_dir)],
+                log,
+                "building the runtime (ninja)",
+                compiles=True,
+            )
         _run(
             [cmake, "--install", str(build_dir), "--prefix", str(install_dir)],
             log,

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from ..config import QuantScheme
 from ..errors import EtbuildError
+from ..progress import Progress
 from ..runner import Context
 from .export import export_program
 
@@ -19,8 +20,10 @@ def _train(prepared, qcfg, batches, teacher) -> float:
     except Exception as exc:  # user code
         raise EtbuildError(f"quant.qat.train_step could not be instantiated: {exc}") from None
     loss = float("nan")
-    for i in range(qcfg.qat.steps):
-        loss = step(prepared, batches[i % len(batches)], teacher)
+    with Progress("training (QAT)", total=qcfg.qat.steps) as progress:
+        for i in range(qcfg.qat.steps):
+            loss = step(prepared, batches[i % len(batches)], teacher)
+            progress.update(i + 1)
     return float(loss) if loss is not None else float("nan")
 
 
@@ -58,9 +61,10 @@ def run(ctx: Context) -> None:
         move_exported_model_to_eval(prepared)
     else:
         prepared = prepare_pt2e(ctx.artifacts["exported"].module(), quantizer)
-        with torch.no_grad():
-            for batch in batches:
+        with torch.no_grad(), Progress("calibrating", total=len(batches)) as progress:
+            for i, batch in enumerate(batches, 1):
                 prepared(*batch)
+                progress.update(i)
     converted = convert_pt2e(prepared)
     ctx.artifacts["quantized_module"] = converted
     ctx.artifacts["exported"] = export_program(converted, mcfg, inputs)
