@@ -15,13 +15,17 @@ and planner: total bytes, total / lower bound, total / ExecuTorch's, access cost
 Part 2, the MLPerf Tiny models with `+memory=stm32h7 +quant=ptq` (an MCU's memory banks):
 each bank's planned bytes against its capacity, and its access cost.
 
+Part 3, memory-aware scheduling: each model's peak in the exported order, with concatenation
+in place, and reordered (`memory.schedule=min_peak`), for the zoo and two graphs with branches
+from tests/models_for_tests.py (a U-Net; a ResNet-50-style bottleneck network).
+
 `memory_plan.json` gains keys over time (`planners`, `banks[].capacity_bytes`,
 `banks[].cost`, `schedule`); a key this etbuild does not write yet is reported once, as
 such, and the rest is printed. Only sizes are compared: no wall time is measured.
 
     pip install executorch==1.5.1   # for the ExecuTorch column; without it, that column is n/a
     python bench/memory_plan.py [--models mobilenet,mlp] [--mcu-models ds_cnn]
-        [--mcu-memory stm32h7]
+        [--mcu-memory stm32h7] [--schedule-models unet,bottleneck_resnet,resnet18]
 """
 
 from __future__ import annotations
@@ -248,6 +252,47 @@ def mcu_banks(models: list[str], memory: str, work: Path, notes: Notes) -> None:
     notes.flush()
 
 
+# Graphs with branches (tests/models_for_tests.py): the U-Net's skips and a ResNet-50-style
+# network whose peak is a downsampling bottleneck block with a projection shortcut.
+BRANCHY = {
+    "unet": ("models_for_tests.unet", "[1,3,64,64]"),
+    "bottleneck_resnet": ("models_for_tests.bottleneck_resnet", "[1,3,32,32]"),
+}
+
+
+def scheduling(models: list[str], work: Path, notes: Notes) -> None:
+    print("\n== scheduling, fp32, one flat bank: the peak in the exported order and reordered ==")
+    print(
+        f"  {'model':<20} {'exported order':>15} {'+ cat in place':>15} {'min_peak':>12} {'x':>6}"
+    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    for model in models:
+        overrides = ["memory.schedule=min_peak"]
+        name = model
+        if model in BRANCHY:
+            target, shape = BRANCHY[model]
+            overrides += [
+                f"model._target_={target}",
+                f"model.name={model}",
+                f"model.inputs=[{{name:x,shape:{shape}}}]",
+                "model.dynamic_dims=[]",
+            ]
+            model = "custom"
+        try:
+            doc, _ = plan(model, overrides, work)
+        except Exception as exc:
+            print(f"  {name:<20} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        sched = doc.get("schedule")
+        if sched is None:
+            notes.once("memory_plan.json has no 'schedule' (peak before/after reordering)")
+            continue
+        before, after = sched["peak_before"], sched["peak_after"]
+        mid = sched.get("peak_after_concat_in_place", before)
+        print(f"  {name:<20} {before:>15,} {mid:>15,} {after:>12,} {ratio(after, before):>6}")
+    notes.flush()
+
+
 def quiet_third_party_warnings() -> None:
     """torch.export's deprecation warnings and torchao's optional-library messages are not
     about memory plans."""
@@ -272,6 +317,12 @@ def main() -> None:
     p.add_argument("--models", default=",".join(ZOO_MODELS), help="fp32 flat-memory models")
     p.add_argument("--mcu-models", default=",".join(MCU_MODELS), help="int8 MCU models")
     p.add_argument("--mcu-memory", default="stm32h7", help="the MCU's memory preset")
+    p.add_argument(
+        "--schedule-models",
+        default=",".join([*ZOO_MODELS, *BRANCHY]),
+        help="models whose peak is compared in the exported order and with memory.schedule="
+        "min_peak (zoo names, or unet / bottleneck_resnet from tests/models_for_tests.py)",
+    )
     args = p.parse_args()
     quiet_third_party_warnings()
     register_configs()
@@ -289,6 +340,8 @@ def main() -> None:
             flat_fp32(args.models.split(","), Path(tmp), with_executorch, notes)
         if args.mcu_models:
             mcu_banks(args.mcu_models.split(","), args.mcu_memory, Path(tmp), notes)
+        if args.schedule_models:
+            scheduling(args.schedule_models.split(","), Path(tmp), notes)
 
 
 if __name__ == "__main__":

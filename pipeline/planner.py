@@ -182,6 +182,25 @@ def _count_traffic(program: Program, owner: dict[int, Storage]) -> None:
         owner[id(v)].reads += v.nbytes
 
 
+def in_place_candidates(ins: object) -> list[TensorValue]:
+    """The inputs an instruction's one output may overwrite (an elementwise op's operands of
+    the output's dtype and shape), when each dies there; empty when it has none."""
+    if not isinstance(ins, Instruction) or not ins.op.in_place or len(ins.returns) != 1:
+        return []
+    out = ins.returns[0]
+    if not isinstance(out, TensorValue):
+        return []
+    args = dict(zip([a.name for a in ins.op.schema.arguments], ins.args, strict=True))
+    return [
+        cand
+        for name in ins.op.in_place
+        if isinstance(cand := args.get(name), TensorValue)
+        and not cand.is_constant
+        and cand.dtype == out.dtype
+        and cand.sym_shape == out.sym_shape
+    ]
+
+
 def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[list[Storage], int]:
     """Group tensors into storages with lifetimes and traffic; returns (storages, in-place
     reuses)."""
@@ -210,28 +229,15 @@ def build_storages(program: Program, alignment: int, in_place: bool) -> tuple[li
     reuses = 0
     if in_place:
         for i, ins in enumerate(program.instructions):
-            if not isinstance(ins, Instruction) or not ins.op.in_place or len(ins.returns) != 1:
+            candidates = in_place_candidates(ins)
+            if not candidates or id(ins.returns[0]) not in owner:
                 continue
-            out = ins.returns[0]
-            if not isinstance(out, TensorValue) or id(out) not in owner:
-                continue
-            out_st = owner[id(out)]
+            out_st = owner[id(ins.returns[0])]
             if out_st.start != i:
                 continue
-            args = dict(zip([a.name for a in ins.op.schema.arguments], ins.args, strict=True))
-            for name in ins.op.in_place:
-                cand = args.get(name)
-                if not isinstance(cand, TensorValue) or cand.is_constant:
-                    continue
+            for cand in candidates:
                 st = owner[id(cand)]
-                if (
-                    st is out_st
-                    or st.pinned
-                    or st.end != i
-                    or st.size != out_st.size
-                    or cand.dtype != out.dtype
-                    or cand.sym_shape != out.sym_shape
-                ):
+                if st is out_st or st.pinned or st.end != i or st.size != out_st.size:
                     continue
                 # The output overwrites its dying input: merge the two storages.
                 st.members.extend(out_st.members)

@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .ir import Program, SymValue
-from .planner import build_storages, peak_live, reads_and_writes
+from .planner import build_storages, in_place_candidates, peak_live, reads_and_writes
 
 
 @dataclass
@@ -75,9 +75,16 @@ def _dependencies(program: Program) -> list[set[int]]:
     return deps
 
 
-def _least_growth_order(program: Program) -> list[int]:
-    """A list schedule: among ready instructions, the one whose outputs add the fewest bytes
-    net of the inputs it is the last reader of (ties: the exported order)."""
+def _least_growth_order(program: Program, in_place: bool) -> list[int]:
+    """A list schedule: among ready instructions, the one that raises the peak least (the live
+    bytes while it runs: everything live plus its new outputs), then the one whose outputs add
+    the fewest bytes net of the inputs it is the last reader of (ties: the exported order).
+
+    Net growth alone is not enough: in a downsampling bottleneck block, the shortcut's
+    projection frees the block input (the most net) but runs beside the reduced branch; the
+    strided 3x3 first keeps the peak lower, and the projection follows before the expansion.
+    With ``in_place``, an elementwise op over an input it is the last reader of adds nothing
+    while it runs (the planner will write its output over that input)."""
     instructions = program.instructions
     deps = _dependencies(program)
     users: list[list[int]] = [[] for _ in instructions]
@@ -95,30 +102,49 @@ def _least_growth_order(program: Program) -> list[int]:
         for key in {id(t.storage_root()) for t in read}:
             readers_left[key] = readers_left.get(key, 0) + 1
 
+    inputs = {id(v.storage_root()) for v in program.inputs}
+
+    def new_bytes(i: int) -> int:
+        """The bytes instruction ``i``'s outputs add to the live set."""
+        return sum(size[k] for k in {id(t.storage_root()) for t in rw[i][1]} - live)
+
+    def running_bytes(i: int) -> int:
+        """The bytes live while ``i`` runs: 0 more when it overwrites an input it kills."""
+        new = new_bytes(i)
+        if in_place and any(
+            readers_left[k] == 1 and k not in pinned and k not in inputs and size[k] == new
+            for k in (id(c.storage_root()) for c in in_place_candidates(instructions[i]))
+        ):
+            return now
+        return now + new
+
     def growth(i: int) -> int:
-        read, written = rw[i]
-        grow = sum(size[k] for k in {id(t.storage_root()) for t in written} - live)
         freed = sum(
             size[k]
-            for k in {id(t.storage_root()) for t in read}
+            for k in {id(t.storage_root()) for t in rw[i][0]}
             if readers_left[k] == 1 and k not in pinned
         )
-        return grow - freed
+        return new_bytes(i) - freed
 
     live: set[int] = {id(v.storage_root()) for v in program.inputs}
     waiting = [len(d) for d in deps]
     ready = {i for i, n in enumerate(waiting) if n == 0}
     order: list[int] = []
+    now = sum(size.get(k, 0) for k in live)  # bytes live between instructions
+    peak = now
     while ready:
-        i = min(ready, key=lambda i: (growth(i), i))
+        i = min(ready, key=lambda i: (max(peak, running_bytes(i)), growth(i), i))
+        peak = max(peak, running_bytes(i))
+        now += new_bytes(i)
         ready.remove(i)
         order.append(i)
         read, written = rw[i]
         live |= {id(t.storage_root()) for t in written}
         for k in {id(t.storage_root()) for t in read}:
             readers_left[k] -= 1
-            if readers_left[k] == 0 and k not in pinned:
+            if readers_left[k] == 0 and k not in pinned and k in live:
                 live.discard(k)
+                now -= size[k]
         for u in users[i]:
             waiting[u] -= 1
             if waiting[u] == 0:
@@ -133,7 +159,7 @@ def _peak(program: Program, alignment: int, in_place: bool) -> int:
 def min_peak_order(program: Program, alignment: int, in_place: bool) -> Schedule:
     """The exported order or a reordering with a lower peak, whichever is lower."""
     before = _peak(program, alignment, in_place)
-    order = _least_growth_order(program)
+    order = _least_growth_order(program, in_place)
     assert len(order) == len(program.instructions), "the dependency graph has a cycle"
     candidate = dataclasses.replace(program, instructions=[program.instructions[i] for i in order])
     after = _peak(candidate, alignment, in_place)

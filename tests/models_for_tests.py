@@ -221,6 +221,43 @@ def unet(**_: Any) -> nn.Module:
     return TinyUNet().eval()
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50 v1.5's block: 1x1 reduce, 3x3 (strided when it downsamples), 1x1 expand, and
+    a strided 1x1 projection of the block input on the shortcut when the shape changes."""
+
+    def __init__(self, cin: int, mid: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.reduce = _conv_bn_act(cin, mid, 1)
+        self.conv = _conv_bn_act(mid, mid, 3, stride)
+        self.expand = nn.Sequential(nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.project = nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.expand(self.conv(self.reduce(x)))
+        return torch.relu(out + self.project(x))
+
+
+class BottleneckResNet(nn.Module):
+    """A ResNet-50-style network at 32x32 whose peak memory is a downsampling bottleneck
+    block: the module runs the shortcut's projection last, beside the expanded branch."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = _conv_bn_act(3, 64)
+        self.blocks = nn.Sequential(Bottleneck(64, 32, 128, 2), Bottleneck(128, 64, 256, 2))
+        self.fc = nn.Linear(256, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def bottleneck_resnet(**_: Any) -> nn.Module:
+    model = BottleneckResNet()
+    return _widened(model, model.fc)
+
+
 class AudioCNN(nn.Module):
     """A 1-D convolutional classifier over 40 MFCC features x 101 frames: Conv1d with
     stride, dilation and groups, batch norm, then a max over time."""

@@ -152,3 +152,41 @@ def test_constants_copied_into_faster_banks_run_in_both_runtimes(tmp_path: Path)
     torch.testing.assert_close(got[0], ref["outputs"][0], rtol=1e-5, atol=1e-5)
     (out,) = run_in_executorch([str(run_dir)])[str(run_dir)]["outputs"]
     assert out["err"] <= 1e-5 * out["scale"], out
+
+
+def test_scheduling_lowers_a_bottleneck_resnets_peak_and_the_program_still_matches(
+    tmp_path: Path,
+) -> None:
+    """A ResNet-50-style network whose peak is a downsampling bottleneck block: min_peak runs
+    the shortcut's projection after the strided 3x3 (the module runs it last), so the block
+    input dies before the expansion: 8 -> 6.5 units of 64 KiB. The reordered program matches
+    eager in etbuild's runtime and in ExecuTorch's."""
+    import torch
+
+    import etbuild.runtime
+
+    run_dir = tmp_path / "run"
+    proc = _run(
+        [
+            "model=custom",
+            "model.name=bottleneck_resnet",
+            "model._target_=models_for_tests.bottleneck_resnet",
+            "model.inputs=[{name:x,shape:[1,3,32,32]}]",
+            "memory.schedule=min_peak",
+            "pipeline.stop_after=reference",
+        ],
+        run_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    plan = _plan(run_dir)
+    unit = 16 * 32 * 32 * 4  # 16 channels of 32x32 fp32
+    assert plan["schedule"]["order"] == "min_peak"
+    assert plan["schedule"]["peak_before"] == 8 * unit
+    assert plan["schedule"]["peak_after"] == int(6.5 * unit)
+    assert plan["total_bytes"] == plan["lower_bound_bytes"] == int(6.5 * unit)
+    ref = torch.load(run_dir / "reference.pt", weights_only=True)
+    (got,) = etbuild.runtime.load(str(run_dir / "model.pte")).run(ref["inputs"])
+    assert float(ref["outputs"][0].std()) > 0.1
+    torch.testing.assert_close(got, ref["outputs"][0], rtol=1e-4, atol=1e-4)
+    (out,) = run_in_executorch([str(run_dir)])[str(run_dir)]["outputs"]
+    assert out["err"] <= 1e-4 * out["scale"], out

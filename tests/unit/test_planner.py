@@ -718,6 +718,30 @@ def test_min_peak_order_finishes_one_branch_before_the_next() -> None:
     _check_order_valid(program, schedule.program)
 
 
+def test_min_peak_order_computes_a_bottleneck_blocks_projection_shortcut_earlier() -> None:
+    """A ResNet-50-style (v1.5) downsampling bottleneck: 1x1 reduce, strided 3x3, 1x1 expand,
+    and a strided 1x1 projection of the block input on the shortcut. The exported order (the
+    module's forward) runs the projection last, so the block input stays alive beside the
+    expanded output. Running it after the 3x3 frees the input before the expansion: 8 -> 6.5
+    units of live memory. (A basic block, as in ResNet-8/18, gains nothing from any order:
+    its add needs both branch outputs, and the input lives until one of them is made.)"""
+    unit = 1024
+    b = Builder()
+    x = b.input("x", 4 * unit)  # 256 channels at 56x56
+    c1 = b.mm("reduce", x, x, 2 * unit)  # 128 channels at 56x56
+    c2 = b.mm("conv3x3_stride2", c1, c1, unit // 2)  # 128 channels at 28x28
+    c3 = b.mm("expand", c2, c2, 2 * unit)  # 512 channels at 28x28
+    d = b.mm("projection", x, x, 2 * unit)  # the shortcut: 512 channels at 28x28
+    program = b.output(b.add("out", c3, d))
+    schedule = min_peak_order(program, 16, in_place=False)
+    assert schedule.reordered
+    assert schedule.peak_before == 8 * unit * 4
+    assert schedule.peak_after == int(6.5 * unit * 4)
+    names = [ins.returns[0].name for ins in schedule.program.instructions]
+    assert names == ["reduce", "conv3x3_stride2", "projection", "expand", "out"]
+    _check_order_valid(program, schedule.program)
+
+
 # -- concatenation in place --------------------------------------------------------------
 
 
