@@ -274,7 +274,8 @@ class Stage:
     the names of the input digests (pipeline/stage_cache.py's ``input_digests``: user
     ``_target_`` sources, checkpoint, calibration files) it reads. ``cacheable`` stages get a
     stage-cache key of their own from all of these; ``rerun`` names the artifacts the cache
-    must not store (restoring them runs the stage again with its own inputs)."""
+    must not store (restoring them runs the stage again with its own inputs, so a cacheable
+    stage must give the same artifacts each time it runs on the same inputs)."""
 
     name: str
     fn: StageFn
@@ -329,8 +330,8 @@ class _Run:
     stage, the artifacts it saw before it ran (so that a stage can be run again later, with
     its own inputs, to make an artifact the cache does not store)."""
 
-    def __init__(self, ctx: Context, stages: list[Stage], log: Callable[[str], None]) -> None:
-        self.ctx, self.stages, self.log = ctx, stages, log
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
         self.before: dict[str, dict[str, _Slot]] = {}
         self.remade: dict[str, dict[str, Any]] = {}
 
@@ -428,7 +429,7 @@ def run_stages(
          + "\n").encode(),
     )  # fmt: skip
     ctx = Context(cfg=cfg, run_dir=run_dir)
-    run = _Run(ctx, selected, log)
+    run = _Run(ctx)
     error: BaseException | None = None
     started = time.perf_counter()
     keys: dict[str, str] = {}
