@@ -69,7 +69,12 @@ def test_second_identical_run_restores_every_cached_stage(first_run: Path, tmp_p
 
 @pytest.mark.parametrize(
     "override",
-    ["pipeline.verify.tolerance=0.001", "build.size_budget_kb=100000", "quant.min_sqnr_db=1"],
+    [
+        "pipeline.verify.tolerance=0.001",
+        "build.size_budget_kb=100000",
+        "quant.min_sqnr_db=1",
+        "target.threads=2",
+    ],
 )
 def test_settings_of_later_stages_keep_the_key(first_run: Path, tmp_path: Path, override: str):
     build_in_process([*MLP, override], tmp_path / "run", stage_cache=True)
