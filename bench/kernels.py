@@ -372,7 +372,7 @@ def build_with_cmake(level: str, python: bool) -> Build:
 def build_with_pipeline(level: str, cases: list[Case], work: Path, wheel: bool) -> Build:
     """The build stage with ``target.march=<level>`` and every case's program selected."""
     from etbuild.pipeline.runner import run_stages
-    from etbuild.pipeline.stage_cache import StageCache, cache_root, stage_cache_key
+    from etbuild.pipeline.stage_cache import StageCache, cache_root
     from etbuild.pipeline.stages import STAGES
 
     programs = ",".join(json.dumps(str(c.pte)) for c in cases)
@@ -388,7 +388,7 @@ def build_with_pipeline(level: str, cases: list[Case], work: Path, wheel: bool) 
     ]
     cfg = compose(overrides)
     run_dir = work / f"runtime_{level}"
-    cache = StageCache(cache_root(cfg), stage_cache_key(cfg))
+    cache = StageCache(cache_root(cfg))
     with quiet():
         run_stages(STAGES, cfg, run_dir, stop_after="build", log=lambda _: None, cache=cache)
     b = Build(level, how=f"pipeline target.march={level}")

@@ -48,14 +48,14 @@ def delegated_case(case: kb.Case, work: Path) -> tuple[kb.Case, kb.Build]:
     import dataclasses
 
     from etbuild.pipeline.runner import run_stages
-    from etbuild.pipeline.stage_cache import StageCache, cache_root, stage_cache_key
+    from etbuild.pipeline.stage_cache import StageCache, cache_root
     from etbuild.pipeline.stages import STAGES
 
     overrides = [*case.overrides, "+partitioner=xnnpack", "build.compare_all_ops=false"]
     overrides += ["build.wheel=false", "pipeline.verify.enabled=false", "pipeline.stop_after=build"]
     cfg = kb.compose(overrides)
     run_dir = work / f"{case.model}_{case.dtype}_xnnpack"
-    cache = StageCache(cache_root(cfg), stage_cache_key(cfg))
+    cache = StageCache(cache_root(cfg))
     with kb.quiet():
         run_stages(STAGES, cfg, run_dir, stop_after="build", log=lambda _: None, cache=cache)
     build = kb.Build("xnnpack", runner=run_dir / "runtime" / "bin" / "etb_runner")

@@ -78,7 +78,7 @@ def build(
     are recorded there) before its first stage."""
     from .lock import write_lock
     from .runner import run_stages, write_early_failure
-    from .stage_cache import StageCache, cache_root, prune, stage_cache_key
+    from .stage_cache import StageCache, cache_root, prune
     from .stages import STAGES
 
     try:
@@ -101,14 +101,14 @@ def build(
         raise
     stop = cfg.pipeline.stop_after
     root = cache_root(cfg)
-    cache = StageCache(root, stage_cache_key(cfg)) if cfg.pipeline.cache else None
+    cache = StageCache(root) if cfg.pipeline.cache else None
     started = time.time()
     ctx = run_stages(
         STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, cache=cache
     )
     limit = cfg.build.cache_max_gb
     if limit is not None:
-        used = {cache.entry} if cache is not None else set()
+        used = set(cache.used) if cache is not None else set()
         used.update(ctx.artifacts.get("build_cache_entries", []))
         removed, freed = prune(root, int(limit * 1e9), keep=used, keep_since=started)
         if removed:

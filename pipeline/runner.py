@@ -1,19 +1,26 @@
 """The stage runner: runs named stages in order, records what each read and wrote.
 
-A stage is a function of (artifacts in, its config slice) -> artifacts out. In-memory
-artifacts pass between stages in ``Context.artifacts``; files go to the run directory through
-``Context.write``, which writes atomically (temporary file, then rename), so a failing stage
-never leaves a half-written file. ``manifest.json`` records, per stage, its wall time and the
-content hashes of the files it read and wrote, its summary (the facts of its progress line)
-and its metrics: numbers that compare builds (program and runtime bytes, planned bytes per
-bank, latency, SQNR), which the manifest also gathers under the top-level ``metrics`` (what a
-sweep's results table reads; see pipeline/sweep.py).
+A stage is a function of (artifacts in, its config slice) -> artifacts out, and declares
+both (``Stage.reads``, ``Stage.writes``, ``Stage.config``). In-memory artifacts pass between
+stages in ``Context.artifacts``, which holds each stage to its declaration: reading or writing
+an artifact the stage does not declare is an internal error naming both. Files go to the run
+directory through ``Context.write``, which writes atomically (temporary file, then rename),
+so a failing stage never leaves a half-written file. ``manifest.json`` records, per stage,
+its wall time, whether the stage cache held it (and its key), the content hashes of the files
+it read and wrote, its summary (the facts of its progress line) and its metrics: numbers that
+compare builds (program and runtime bytes, planned bytes per bank, latency, SQNR), which the
+manifest also gathers under the top-level ``metrics`` (what a sweep's results table reads;
+see pipeline/sweep.py).
+
+With a stage cache (pipeline/stage_cache.py), each cacheable stage has its own key; a stage
+whose key is stored is not run: its files are copied into the run directory and its artifacts
+are loaded when a later stage that runs reads them. An artifact the cache does not store (the
+model's ``nn.Module``, the fx-based graph) is made again by running its stage, with that
+stage's own inputs, when something needs it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import os
 import platform
@@ -21,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,30 +36,10 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import EtbuildError
+from .hashing import sha256_bytes, sha256_file, sha256_json, tree_digest  # noqa: F401
 
-if TYPE_CHECKING:  # stage_cache imports this module's hashing helpers
-    from .stage_cache import CachedPrefix, StageCache
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def tree_digest(h: Any, root: Path, patterns: tuple[str, ...]) -> None:
-    """Feed every file under ``root`` matching ``patterns`` (path and bytes) into ``h``."""
-    for pattern in patterns:
-        for path in sorted(root.glob(pattern)):
-            if path.is_file() and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode() + b"\0")
-                h.update(path.read_bytes() + b"\0")
+if TYPE_CHECKING:
+    from .stage_cache import StageCache, StoredStage
 
 
 _UMASK = os.umask(0)
@@ -88,6 +75,10 @@ def remove_run_temporaries(run_dir: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
+class ContractError(RuntimeError):
+    """A stage broke its declared contract (an etbuild bug, not a user error)."""
+
+
 @dataclass
 class StageRecord:
     """What one stage did, as recorded in manifest.json."""
@@ -98,9 +89,10 @@ class StageRecord:
     writes: dict[str, str] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] | None = None  # {"key", "hit"} when the stage cache was asked
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "seconds": round(self.seconds, 4),
             "reads": self.reads,
@@ -108,6 +100,122 @@ class StageRecord:
             "summary": self.summary,
             "metrics": self.metrics,
         }
+        if self.cache is not None:
+            doc["cache"] = self.cache
+        return doc
+
+
+_UNSET = object()
+
+
+class _Slot:
+    """One artifact as one stage wrote it: its value, or how to get it (a loader)."""
+
+    def __init__(self, value: Any = _UNSET, load: Callable[[], Any] | None = None) -> None:
+        self.value = value
+        self.load = load
+
+    @property
+    def ready(self) -> bool:
+        return self.value is not _UNSET
+
+    def get(self) -> Any:
+        if self.value is _UNSET:
+            assert self.load is not None
+            self.value = self.load()
+        return self.value
+
+
+class Artifacts(MutableMapping):
+    """The in-memory artifacts of a run, by name.
+
+    While a stage runs, it may read only the artifacts its ``Stage.reads`` names and write only
+    those its ``Stage.writes`` names; anything else raises ContractError. An artifact restored
+    from the stage cache is loaded (or made again) when first read. Outside a stage (before
+    or after a run) it is a plain mapping."""
+
+    def __init__(self, values: dict[str, Any] | None = None) -> None:
+        self._slots: dict[str, _Slot] = {k: _Slot(v) for k, v in (values or {}).items()}
+        self._stage: Stage | None = None
+        self._written: list[str] = []
+
+    # -- the contract -------------------------------------------------------------------
+    def _check_read(self, name: str) -> None:
+        s = self._stage
+        if s is not None and name not in s.reads and name not in s.writes:
+            raise ContractError(
+                f"internal error: stage {s.name!r} reads artifact {name!r}, which it does not "
+                f"declare (reads={s.reads})"
+            )
+
+    def _check_write(self, name: str) -> None:
+        s = self._stage
+        if s is not None and name not in s.writes:
+            raise ContractError(
+                f"internal error: stage {s.name!r} writes artifact {name!r}, which it does not "
+                f"declare (writes={s.writes})"
+            )
+
+    def begin(self, stage: Stage) -> None:
+        self._stage, self._written = stage, []
+
+    def end(self) -> list[str]:
+        """Stop checking; the names the stage wrote."""
+        self._stage = None
+        return list(dict.fromkeys(self._written))
+
+    # -- the mapping --------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        self._check_read(name)
+        slot = self._slots.get(name)
+        if slot is None:
+            if self._stage is not None:
+                raise ContractError(
+                    f"internal error: stage {self._stage.name!r} reads artifact {name!r}, which "
+                    "no earlier stage wrote"
+                )
+            raise KeyError(name)
+        return slot.get()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._check_read(name)
+        slot = self._slots.get(name)
+        return default if slot is None else slot.get()
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str):
+            self._check_read(name)
+        return name in self._slots
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._check_write(name)
+        self._slots[name] = _Slot(value)
+        self._written.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self._check_write(name)
+        del self._slots[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __repr__(self) -> str:
+        return f"Artifacts({sorted(self._slots)})"
+
+    # -- the runner's side --------------------------------------------------------------
+    def slots(self) -> dict[str, _Slot]:
+        """A snapshot: the artifact each name holds now (the slots themselves are shared)."""
+        return dict(self._slots)
+
+    def put_lazy(self, name: str, load: Callable[[], Any]) -> None:
+        self._slots[name] = _Slot(load=load)
+
+    def drop_unloaded(self) -> None:
+        """Forget the artifacts nothing read (after a run: only what was made or loaded)."""
+        self._slots = {k: v for k, v in self._slots.items() if v.ready}
 
 
 @dataclass
@@ -116,8 +224,12 @@ class Context:
 
     cfg: DictConfig
     run_dir: Path
-    artifacts: dict[str, Any] = field(default_factory=dict)
+    artifacts: Artifacts = field(default_factory=Artifacts)
     records: list[StageRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.artifacts, Artifacts):
+            self.artifacts = Artifacts(dict(self.artifacts))
 
     @property
     def current(self) -> StageRecord:
@@ -155,14 +267,45 @@ StageFn = Callable[[Context], None]
 
 @dataclass(frozen=True)
 class Stage:
-    """A named stage. ``cacheable`` stages form a prefix whose results the stage cache keeps;
-    ``passes_on`` names the in-memory artifacts that stages after that prefix read (they
-    must be JSON data so the cache can keep them)."""
+    """A named stage and its contract.
+
+    ``reads``/``writes``: the in-memory artifacts it reads and writes (Context.artifacts
+    enforces both). ``config``: the config sections or dotted keys it depends on. ``inputs``:
+    the names of the input digests (pipeline/stage_cache.py's ``input_digests``: user
+    ``_target_`` sources, checkpoint, calibration files) it reads. ``cacheable`` stages get a
+    stage-cache key of their own from all of these; ``rerun`` names the artifacts the cache
+    must not store (restoring them runs the stage again with its own inputs, so a cacheable
+    stage must give the same artifacts each time it runs on the same inputs)."""
 
     name: str
     fn: StageFn
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    config: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
     cacheable: bool = False
-    passes_on: tuple[str, ...] = ()
+    rerun: tuple[str, ...] = ()
+
+
+def check_contracts(stages: list[Stage]) -> None:
+    """Every artifact a stage reads is written by an earlier stage; a cacheable stage reads
+    only what cacheable stages write (its key is made of theirs)."""
+    written: dict[str, Stage] = {}
+    for stage in stages:
+        for name in stage.reads:
+            producer = written.get(name)
+            if producer is None:
+                raise ContractError(
+                    f"internal error: stage {stage.name!r} reads artifact {name!r}, which no "
+                    "earlier stage writes"
+                )
+            if stage.cacheable and not producer.cacheable:
+                raise ContractError(
+                    f"internal error: cacheable stage {stage.name!r} reads artifact {name!r} "
+                    f"of stage {producer.name!r}, which is not cacheable"
+                )
+        for name in stage.writes:
+            written[name] = stage
 
 
 def _progress_line(index: int, total: int, rec: StageRecord) -> str:
@@ -182,25 +325,55 @@ def tool_versions() -> dict[str, str]:
     }
 
 
-def _restore(ctx: Context, hit: CachedPrefix, log: Callable[[str], None], total: int) -> None:
-    """Put a cached prefix's files, artifacts and records in place of running its stages."""
-    for name, path in hit.files.items():
-        write_atomic(ctx.run_dir / name, path.read_bytes())
-    ctx.artifacts.update(hit.artifacts)
-    for i, d in enumerate(hit.records, 1):
-        summary = {**d["summary"], "cache": "hit"}
-        rec = StageRecord(d["name"], 0.0, d["reads"], d["writes"], summary, d.get("metrics", {}))
-        ctx.records.append(rec)
-        log(_progress_line(i, total, rec))
+class _Run:
+    """The bookkeeping of one run_stages call that restores stages from the cache: for each
+    stage, the artifacts it saw before it ran (so that a stage can be run again later, with
+    its own inputs, to make an artifact the cache does not store)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.before: dict[str, dict[str, _Slot]] = {}
+        self.remade: dict[str, dict[str, Any]] = {}
+
+    def restore(self, stage: Stage, stored: StoredStage) -> None:
+        """Put a cached stage's files in the run directory and its artifacts (lazily) in
+        place of running it."""
+        for name, path in stored.files.items():
+            write_atomic(self.ctx.run_dir / name, path.read_bytes())
+        for name in stored.written:
+            if name in stored.stored:
+                self.ctx.artifacts.put_lazy(name, lambda n=name: stored.load(n))
+            else:
+                self.ctx.artifacts.put_lazy(name, lambda n=name: self.remake(stage, n))
+
+    def remake(self, stage: Stage, name: str) -> Any:
+        """Run ``stage`` again (its artifacts as it saw them; once) for its artifact ``name``."""
+        if stage.name not in self.remade:
+            scratch = Context(self.ctx.cfg, self.ctx.run_dir, Artifacts())
+            scratch.artifacts._slots = dict(self.before[stage.name])
+            scratch.records.append(StageRecord(stage.name))
+            t0 = time.perf_counter()
+            scratch.artifacts.begin(stage)
+            try:
+                stage.fn(scratch)
+            finally:
+                written = scratch.artifacts.end()
+            self.remade[stage.name] = {k: scratch.artifacts.slots()[k].get() for k in written}
+            rec = next(r for r in self.ctx.records if r.name == stage.name)
+            if rec.cache is not None:
+                rec.cache["rerun_seconds"] = round(time.perf_counter() - t0, 4)
+        return self.remade[stage.name][name]
 
 
-def _store(ctx: Context, cache: StageCache, prefix: list[Stage], log: Callable[[str], None]):
-    records = [r.as_dict() for r in ctx.records[: len(prefix)]]
-    artifacts = {k: ctx.artifacts[k] for s in prefix for k in s.passes_on}
-    try:
-        cache.store(ctx.run_dir, records, artifacts)
-    except OSError as exc:  # a full or read-only cache costs the next run time, not this one
-        log(f"etbuild: warning: could not store the stage cache entry {cache.entry}: {exc}")
+def _stage_cache_doc(records: list[StageRecord]) -> dict[str, Any] | None:
+    asked = {r.name: r.cache for r in records if r.cache is not None}
+    if not asked:
+        return None
+    return {
+        "key": sha256_json([c["key"] for c in asked.values()])[:32],
+        "hit": all(c["hit"] for c in asked.values()),
+        "stages": {name: {"key": c["key"], "hit": c["hit"]} for name, c in asked.items()},
+    }
 
 
 def write_early_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None:
@@ -233,10 +406,13 @@ def run_stages(
 ) -> Context:
     """Run ``stages`` in order (through ``stop_after``), then write manifest.json.
 
-    With a ``cache``, the leading cacheable stages are restored from it when it holds them,
-    and stored into it when they ran (only when the run includes all of them). The manifest is
-    written whether the run succeeds or fails; a failure re-raises.
+    With a ``cache``, each cacheable stage whose key it holds is restored instead of run, and
+    each one that ran is stored. While a process looks a key up and runs and stores its stage,
+    it holds that key's lock, and it takes the next stage's lock before it lets go of this
+    one: concurrent runs with the same keys follow one another, so each key is computed once.
+    The manifest is written whether the run succeeds or fails; a failure re-raises.
     """
+    check_contracts(stages)
     names = [s.name for s in stages]
     if stop_after is not None and stop_after not in names:
         raise EtbuildError(
@@ -253,50 +429,68 @@ def run_stages(
          + "\n").encode(),
     )  # fmt: skip
     ctx = Context(cfg=cfg, run_dir=run_dir)
+    run = _Run(ctx)
     error: BaseException | None = None
     started = time.perf_counter()
-    prefix = list(itertools.takewhile(lambda s: s.cacheable, stages))
-    if not prefix or len(selected) < len(prefix):
-        cache = None
-    hit = None
-    skip = 0
+    keys: dict[str, str] = {}
+    held: str | None = None  # the key whose lock this run holds
     try:
         if cache is not None:
-            # Held from the look-up until the prefix's results are restored (a hit) or stored
-            # (a miss): a concurrent run with the same key waits, then restores them.
-            cache.lock(log)
-            hit = cache.load()
-            if hit is not None:
-                _restore(ctx, hit, log, len(selected))
-                skip = len(prefix)
-                cache.unlock()
-    except BaseException as exc:  # an interrupt while waiting, an unusable cache folder
-        if cache is not None:
-            cache.unlock()
-        error, skip = exc, len(selected)
-    for i, stage in enumerate(selected[skip:], skip + 1):
+            keys = cache.keys([s for s in selected if s.cacheable], cfg)
+            if keys:  # before the first stage: a cache folder that cannot hold locks fails here
+                held = next(iter(keys.values()))
+                cache.lock(held, log)
+    except BaseException as exc:  # an unusable cache folder, an interrupt while waiting
+        error = exc
+    for i, stage in enumerate(selected if error is None else [], 1):
         rec = StageRecord(stage.name)
         ctx.records.append(rec)
+        run.before[stage.name] = ctx.artifacts.slots()
         t0 = time.perf_counter()
         # Everything a stage step does is inside the try, so that a Ctrl-C that lands between
         # a stage and the next (while logging or storing the cache) is still recorded.
         try:
-            stage.fn(ctx)
+            key = keys.get(stage.name)
+            if key is not None:
+                cache.lock(key, log)
+                if held is not None and held != key:
+                    cache.unlock(held)
+                held = key
+                stored = cache.load(key)
+                rec.cache = {"key": key, "hit": stored is not None}
+                if stored is not None:
+                    run.restore(stage, stored)
+                    d = stored.record
+                    rec.reads, rec.writes = d["reads"], d["writes"]
+                    rec.summary = {**d["summary"], "cache": "hit"}
+                    rec.metrics = d.get("metrics", {})
+                    log(_progress_line(i, len(selected), rec))
+                    continue
+            elif held is not None:
+                cache.unlock(held)
+                held = None
+            ctx.artifacts.begin(stage)
+            try:
+                stage.fn(ctx)
+            finally:
+                written = ctx.artifacts.end()
             rec.seconds = time.perf_counter() - t0
             log(_progress_line(i, len(selected), rec))
-            if cache is not None and hit is None and i == len(prefix):
+            if key is not None:
+                values = {name: ctx.artifacts.slots()[name].get() for name in written}
                 try:
-                    _store(ctx, cache, prefix, log)
-                finally:
-                    cache.unlock()
+                    cache.store(key, stage, rec.as_dict(), run_dir, values)
+                except OSError as exc:  # a full or read-only cache costs a later run time
+                    log(f"etbuild: warning: could not store the stage cache entry {key}: {exc}")
         except BaseException as exc:
             rec.seconds = time.perf_counter() - t0
             rec.summary["failed"] = type(exc).__name__
             log(_progress_line(i, len(selected), rec))
             error = exc
             break
-    if cache is not None:
-        cache.unlock()  # a failure inside the prefix releases it here
+    if held is not None:
+        cache.unlock(held)
+    ctx.artifacts.drop_unloaded()
     status = "ok" if error is None else "failed"
     if isinstance(error, KeyboardInterrupt):
         status = "interrupted"
@@ -306,7 +500,7 @@ def run_stages(
         "run_dir": str(run_dir),
         "total_seconds": round(time.perf_counter() - started, 4),
         "tools": tool_versions(),
-        "stage_cache": None if cache is None else {"key": cache.key, "hit": hit is not None},
+        "stage_cache": _stage_cache_doc(ctx.records),
         "argv": sys.argv[1:],
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "metrics": {k: v for r in ctx.records for k, v in r.metrics.items()},

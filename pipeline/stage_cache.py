@@ -1,18 +1,26 @@
-"""The stage cache: the results of the cacheable stage prefix (model .. reference), reused by
-a later run whose inputs are identical.
+"""The stage cache: the result of each cacheable stage (model .. reference), reused by a later
+run in which that stage's inputs are identical.
 
-The key hashes everything those stages read: the config minus the sections only later stages
-read (target, selection, build, and the verify/stop settings), the etbuild sources that run
-them (pipeline/, ops_yaml/, the program schema), the source file of every user ``_target_``
-they call (model, calibration data, QAT train step, partitioner), the checkpoint and
-calibration files, and the versions of python, torch, torchao and flatbuffers. A user module
-that imports other local modules is keyed by its own file only; set ``pipeline.cache=false``
-while editing those.
+A stage's key hashes what it depends on (pipeline/runner.py's ``Stage`` declares it): its name;
+the etbuild sources that run it (pipeline/, ops_yaml/, the program schema); the versions of
+python, torch, torchao and flatbuffers; its own config slice (``Stage.config``); the digests
+of the inputs it reads besides the config (``Stage.inputs``: the source file of a user
+``_target_``, the checkpoint, the calibration files); and, for each artifact it reads, the key
+of the stage that wrote it (Merkle-style: a stage's key covers everything before it that it
+depends on). So a sweep over ``quant`` exports the model once, a change of ``memory`` reruns
+the stages from ``plan`` on, and a change of ``target``, ``selection`` or ``build`` reruns
+none of them. A user module that imports other local modules is keyed by its own file only;
+set ``pipeline.cache=false`` while editing those.
 
-An entry is ``<cache root>/stages/<key>/``: ``entry.json`` (the stages' manifest records and
-the artifacts they pass on) and ``files/`` (what they wrote to the run directory). It is
-written to a temporary folder and renamed into place, and checked against its recorded hashes
-when read, so a damaged entry is a miss, never a wrong result.
+An entry is ``<cache root>/stages/<key>/``: ``entry.json`` (the stage's manifest record, the
+artifacts it wrote and how each is stored, with content hashes), ``files/`` (what it wrote to
+the run directory) and ``artifacts/`` (its in-memory artifacts: an ExportedProgram through
+``torch.export.save``, other data pickled together, so that objects they share stay shared).
+An artifact the stage declares in ``Stage.rerun``, or that cannot be pickled (the model's
+``nn.Module``, the fx-based lowered graph), is not stored: the runner runs its stage again
+when a stage that runs reads it. An entry is written to a temporary folder and renamed into
+place, and checked against its recorded hashes when read, so a damaged entry is a miss, never
+a wrong result.
 
 Concurrent processes on one cache directory (local, or on a shared file system) coordinate
 through one lock file per entry, ``<cache root>/locks/<kind>-<key>.lock`` (``filelock``): a
@@ -27,37 +35,32 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
+import pickle
 import platform
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
 from .errors import EtbuildError
+from .hashing import sha256_bytes, sha256_file, sha256_json, tree_digest
 from .paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
-from .runner import sha256_file, tree_digest
 
-# Config settings that only stages after the cached prefix read.
-_LATER_SECTIONS = ("target", "selection", "build")
-# Sections no stage reads: the recipe's header and what a search sweeper is returned.
-_UNREAD_SECTIONS = ("recipe", "search")
-_LATER_SETTINGS = (
-    ("pipeline", "stop_after"),
-    ("pipeline", "cache"),
-    ("pipeline", "verify", "enabled"),
-    ("pipeline", "verify", "tolerance"),
-    ("pipeline", "verify", "latency_iters"),
-    ("quant", "min_sqnr_db"),
-)
+if TYPE_CHECKING:
+    from .runner import Stage
+
+# Settings inside a cacheable stage's config slice that only later stages read.
+_UNKEYED_SETTINGS = (("quant", "min_sqnr_db"),)
 _TOOLS = ("torch", "torchao", "flatbuffers", "hydra-core", "omegaconf")
 
 
@@ -127,22 +130,54 @@ def input_digests(cfg: DictConfig) -> dict[str, str]:
     }
 
 
-def stage_cache_key(cfg: DictConfig) -> str:
-    """The key of the cacheable prefix's results for ``cfg``."""
-    doc = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    for section in _LATER_SECTIONS + _UNREAD_SECTIONS:
-        doc.pop(section, None)
-    for path in _LATER_SETTINGS:
-        node = doc
-        for part in path[:-1]:
-            node = node.get(part, {})
-        node.pop(path[-1], None)
-    inputs = {"config": doc, "tools": _tool_versions(), **input_digests(cfg)}
-    h = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
+def _code_digest() -> str:
+    """The etbuild sources the stages run: pipeline/, ops_yaml/ and the program schema."""
+    h = hashlib.sha256()
     tree_digest(h, PACKAGE_ROOT / "pipeline", ("**/*.py",))
     tree_digest(h, OPS_YAML_DIR, ("*.yaml",))
     tree_digest(h, RUNTIME_SRC_DIR / "schema", ("*.fbs",))
-    return h.hexdigest()[:32]
+    return h.hexdigest()
+
+
+def config_slice(cfg: DictConfig, paths: tuple[str, ...]) -> dict[str, Any]:
+    """The config sections or dotted keys ``paths`` (resolved), less the settings only later
+    stages read."""
+    doc = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for path in _UNKEYED_SETTINGS:
+        node = doc
+        for part in path[:-1]:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    out: dict[str, Any] = {}
+    for path in paths:
+        node: Any = doc
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        out[path] = node
+    return out
+
+
+def stage_keys(stages: list[Stage], cfg: DictConfig) -> dict[str, str]:
+    """The stage-cache key of each cacheable stage of ``stages`` (in run order) for ``cfg``."""
+    common = {"code": _code_digest(), "tools": _tool_versions()}
+    inputs = input_digests(cfg) if any(s.inputs for s in stages if s.cacheable) else {}
+    producer: dict[str, str] = {}  # artifact -> the key of the last stage that writes it
+    keys: dict[str, str] = {}
+    for stage in stages:
+        if not stage.cacheable:
+            continue
+        doc = {
+            **common,
+            "stage": stage.name,
+            "config": config_slice(cfg, stage.config),
+            "inputs": {name: inputs[name] for name in stage.inputs},
+            "reads": {name: producer.get(name) for name in stage.reads},
+        }
+        keys[stage.name] = sha256_json(doc)[:32]
+        for name in stage.writes:
+            producer[name] = keys[stage.name]
+    return keys
 
 
 def _lock(root: Path, kind: str, key: str) -> filelock.FileLock:
@@ -240,76 +275,177 @@ def prune(root: Path, max_bytes: int, keep: set[Path], keep_since: float) -> tup
     return removed, freed
 
 
-@dataclass
-class CachedPrefix:
-    """A cache hit: the stages' manifest records, their passed-on artifacts, their files."""
+def _dump_exported(ep: Any) -> bytes:
+    import torch
 
-    records: list[dict[str, Any]]
-    artifacts: dict[str, Any]
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    return buf.getvalue()
+
+
+def _load_exported(data: bytes) -> Any:
+    import torch
+
+    if b"quantized_decomposed" in data:
+        import torchao.quantization.pt2e  # noqa: F401  (registers the quantized_decomposed ops)
+    return torch.export.load(io.BytesIO(data))
+
+
+def _is_exported(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.export.ExportedProgram)
+
+
+@dataclass
+class StoredStage:
+    """A cache hit: the stage's manifest record, the files it wrote (in the entry) and its
+    artifacts (``written``: every name it wrote; ``stored``: those the entry holds, read and
+    checked while the entry's lock was held, decoded when first asked for)."""
+
+    record: dict[str, Any]
+    written: list[str]
+    stored: dict[str, str]  # name -> codec ("export" or "pickle")
     files: dict[str, Path]
+    blobs: dict[str, bytes]  # "export/<name>" or "pickle" -> its bytes
+    _unpickled: dict[str, Any] | None = field(default=None, repr=False)
+
+    def load(self, name: str) -> Any:
+        if self.stored[name] == "export":
+            return _load_exported(self.blobs[f"export/{name}"])
+        if self._unpickled is None:
+            self._unpickled = pickle.loads(self.blobs["pickle"])
+        return self._unpickled[name]
+
+
+def _pickle_all(values: dict[str, Any]) -> tuple[bytes | None, list[str]]:
+    """``values`` pickled together (shared objects stay shared), less those that cannot be."""
+    names = list(values)
+    try:
+        return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL), names
+    except Exception:  # noqa: BLE001 (any object may refuse, each in its own way)
+        pass
+    good = {}
+    for name in names:
+        try:
+            pickle.dumps(values[name], protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001
+            continue
+        good[name] = values[name]
+    if not good:
+        return None, []
+    return pickle.dumps(good, protocol=pickle.HIGHEST_PROTOCOL), list(good)
 
 
 class StageCache:
-    """One entry of the stage cache (``root/stages/key``).
+    """The stage cache under ``root`` (``root/stages/<key>``), one entry per stage key.
 
-    The runner calls ``lock`` before ``load``; on a miss it keeps the lock while the stages
-    run and ``store`` their results, so concurrent runs with the same key wait for those
-    results instead of computing them too. ``unlock`` when done (a no-op when not held)."""
+    The runner calls ``lock(key)`` before ``load(key)``; on a miss it keeps the lock while the
+    stage runs and it ``store``s the result, so concurrent runs with the same key wait for that
+    result instead of computing it too. ``unlock(key)`` when done (a no-op when not held).
+    ``used`` collects the entries this process read or wrote (what pruning must keep)."""
 
-    def __init__(self, root: Path, key: str) -> None:
-        self.key = key
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.entry = root / "stages" / key
-        self._lock: filelock.FileLock | None = None
+        self.used: set[Path] = set()
+        self._held: dict[str, filelock.FileLock] = {}
 
-    def lock(self, note: Callable[[str], None] = print) -> None:
-        """Wait for, then hold, this entry's lock."""
-        if self._lock is None:
-            lock = _lock(self.root, "stages", self.key)
-            acquire(lock, f"the stage cache entry {self.key}", note)
-            self._lock = lock
+    def entry(self, key: str) -> Path:
+        return self.root / "stages" / key
 
-    def unlock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+    def keys(self, stages: list[Stage], cfg: DictConfig) -> dict[str, str]:
+        return stage_keys(stages, cfg)
 
-    def load(self) -> CachedPrefix | None:
-        """The stored results, or None when absent or damaged. A hit marks the entry used."""
+    def lock(self, key: str, note: Callable[[str], None] = print) -> None:
+        """Wait for, then hold, the lock of entry ``key``."""
+        if key not in self._held:
+            lock = _lock(self.root, "stages", key)
+            acquire(lock, f"the stage cache entry {key}", note)
+            self._held[key] = lock
+
+    def unlock(self, key: str) -> None:
+        lock = self._held.pop(key, None)
+        if lock is not None:
+            lock.release()
+
+    def load(self, key: str) -> StoredStage | None:
+        """The stored stage, or None when absent or damaged. A hit marks the entry used."""
+        entry = self.entry(key)
         try:
-            doc = json.loads((self.entry / "entry.json").read_text())
+            doc = json.loads((entry / "entry.json").read_text())
             files = {}
-            for rec in doc["records"]:
-                for name, digest in rec["writes"].items():
-                    path = self.entry / "files" / name
-                    if sha256_file(path) != digest:
-                        return None
-                    files[name] = path
-            mark_used(self.entry)
-            return CachedPrefix(doc["records"], doc["artifacts"], files)
-        except (OSError, ValueError, KeyError, TypeError):
+            for name, digest in doc["record"]["writes"].items():
+                path = entry / "files" / name
+                if sha256_file(path) != digest:
+                    return None
+                files[name] = path
+            blobs = {}
+            for blob, digest in doc["blobs"].items():
+                data = (entry / "artifacts" / blob).read_bytes()
+                if sha256_bytes(data) != digest:
+                    return None
+                blobs[blob] = data
+            stored = doc["stored"]
+            for name, codec in stored.items():
+                if (f"export/{name}" if codec == "export" else "pickle") not in blobs:
+                    return None
+            mark_used(entry)
+            self.used.add(entry)
+            return StoredStage(doc["record"], doc["written"], stored, files, blobs)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def store(self, run_dir: Path, records: list[dict[str, Any]], artifacts: dict) -> None:
-        """Save the stages' records, artifacts and files (with the lock held, the only
+    def store(
+        self,
+        key: str,
+        stage: Stage,
+        record: dict[str, Any],
+        run_dir: Path,
+        values: dict[str, Any],
+    ) -> None:
+        """Save a stage's record, files and artifacts ``values`` (with the lock held, the only
         writer of this key; without it, a concurrent identical store wins)."""
-        self.entry.parent.mkdir(parents=True, exist_ok=True)
-        if self._lock is not None:
-            remove_stale_temporaries(self.entry)
-        tmp = Path(tempfile.mkdtemp(dir=self.entry.parent, prefix=f".{self.key}."))
+        entry = self.entry(key)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        if key in self._held:
+            remove_stale_temporaries(entry)
+        record = {k: v for k, v in record.items() if k != "cache"}
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
         try:
-            for rec in records:
-                for name in rec["writes"]:
-                    dest = tmp / "files" / name
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(run_dir / name, dest)
-            doc = {"key": self.key, "records": records, "artifacts": artifacts}
+            for name in record["writes"]:
+                dest = tmp / "files" / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(run_dir / name, dest)
+            keep = {k: v for k, v in values.items() if k not in stage.rerun}
+            stored: dict[str, str] = {}
+            blobs: dict[str, bytes] = {}
+            for name, value in keep.items():
+                if _is_exported(value):
+                    blobs[f"export/{name}"] = _dump_exported(value)
+                    stored[name] = "export"
+            data, pickled = _pickle_all({k: v for k, v in keep.items() if k not in stored})
+            if data is not None:
+                blobs["pickle"] = data
+                stored.update(dict.fromkeys(pickled, "pickle"))
+            for blob, data in blobs.items():
+                dest = tmp / "artifacts" / blob
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+            doc = {
+                "key": key,
+                "stage": stage.name,
+                "record": record,
+                "written": list(values),
+                "stored": stored,
+                "blobs": {blob: sha256_bytes(data) for blob, data in blobs.items()},
+            }
             (tmp / "entry.json").write_text(json.dumps(doc, indent=1) + "\n")
             try:
-                os.replace(tmp, self.entry)
+                os.replace(tmp, entry)
             except OSError:
-                if self.load() is None:  # not an identical entry stored meanwhile
-                    shutil.rmtree(self.entry, ignore_errors=True)
-                    os.replace(tmp, self.entry)
+                if self.load(key) is None:  # not an identical entry stored meanwhile
+                    shutil.rmtree(entry, ignore_errors=True)
+                    os.replace(tmp, entry)
+            self.used.add(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,10 @@
-"""The pipeline's stages, in the order they run (DESIGN.md's data flow).
+"""The pipeline's stages, in the order they run (DESIGN.md's data flow), each with its
+contract: the in-memory artifacts it reads and writes, the config it depends on and the input
+digests it reads (pipeline/runner.py's ``Stage``; the runner enforces the artifacts).
 
-The cacheable stages form a prefix that depends only on the model, its data and the config
-slices they read, never on the target: pipeline/stage_cache.py stores their results.
+The cacheable stages (model .. reference) depend only on the model, its data and the config
+slices they declare, never on the target: pipeline/stage_cache.py keys and stores each one on
+its own.
 """
 
 from ..runner import Stage
@@ -22,17 +25,115 @@ from . import (
 )
 
 STAGES: list[Stage] = [
-    Stage("model", model.run, cacheable=True),
-    Stage("export", export.run, cacheable=True),
-    Stage("quantize", quantize.run, cacheable=True),
-    Stage("lower", lower.run, cacheable=True, passes_on=("fp32_fallbacks",)),
-    Stage("partition", partition.run, cacheable=True, passes_on=("partitions",)),
-    Stage("out_variant", out_variant.run, cacheable=True),
-    Stage("plan", plan.run, cacheable=True),
-    Stage("emit", emit.run, cacheable=True, passes_on=("emit_facts", "program_inputs")),
-    Stage("reference", reference.run, cacheable=True),
-    Stage("select", select.run),
-    Stage("build", build.run),
-    Stage("verify", verify.run),
-    Stage("report", report.run),
+    Stage(
+        "model",
+        model.run,
+        writes=("module", "example_inputs"),
+        config=("model",),
+        inputs=("model_source", "checkpoint"),
+        cacheable=True,
+        rerun=("module", "example_inputs"),  # instantiating the model again is cheap
+    ),
+    Stage(
+        "export",
+        export.run,
+        reads=("module", "example_inputs"),
+        writes=("exported",),
+        config=("model",),
+        cacheable=True,
+    ),
+    Stage(
+        "quantize",
+        quantize.run,
+        reads=("module", "example_inputs", "exported"),
+        writes=("quantized_module", "exported"),
+        config=("quant", "model"),
+        inputs=("calibration_source", "calibration_files", "train_step_source"),
+        cacheable=True,
+    ),
+    Stage(
+        "lower",
+        lower.run,
+        reads=("exported",),
+        writes=("graph", "op_counts", "fp32_fallbacks"),
+        config=("pipeline.lower", "partitioner.name"),
+        cacheable=True,
+    ),
+    Stage(
+        "partition",
+        partition.run,
+        reads=("graph",),
+        writes=("graph", "op_counts", "partitions"),
+        config=("partitioner",),
+        inputs=("partitioner_source",),
+        cacheable=True,
+    ),
+    Stage(
+        "out_variant",
+        out_variant.run,
+        reads=("graph",),
+        writes=("program",),
+        cacheable=True,
+    ),
+    Stage(
+        "plan",
+        plan.run,
+        reads=("program",),
+        writes=("program", "plan"),
+        config=("memory", "quant.scheme"),
+        cacheable=True,
+        rerun=("program", "plan"),  # the plan finds the program's tensors by id()
+    ),
+    Stage(
+        "emit",
+        emit.run,
+        reads=("program", "plan"),
+        writes=("emit_facts", "program_inputs"),
+        config=("pipeline.emit",),
+        cacheable=True,
+    ),
+    Stage(
+        "reference",
+        reference.run,
+        reads=("module", "example_inputs", "quantized_module", "graph"),
+        config=("model", "quant.scheme", "pipeline.verify.eval_inputs"),
+        cacheable=True,
+    ),
+    Stage("select", select.run, writes=("selection", "backends")),
+    Stage(
+        "build",
+        build.run,
+        reads=("backends",),
+        writes=(
+            "toolchain",
+            "build_cache_entries",
+            "runtime_sizes",
+            "kernel_isa",
+            "runner",
+            "firmware",
+            "firmware_elf",
+        ),
+    ),
+    Stage(
+        "verify",
+        verify.run,
+        reads=("toolchain", "kernel_isa", "runner", "firmware_elf"),
+        writes=("verify",),
+    ),
+    Stage(
+        "report",
+        report.run,
+        reads=(
+            "emit_facts",
+            "program_inputs",
+            "selection",
+            "partitions",
+            "fp32_fallbacks",
+            "toolchain",
+            "runtime_sizes",
+            "kernel_isa",
+            "firmware",
+            "verify",
+        ),
+    ),
 ]

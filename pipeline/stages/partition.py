@@ -27,7 +27,8 @@ def run(ctx: Context) -> None:
         min_partition_size=pcfg.min_partition_size,
     )
     g = ctx.artifacts["graph"]
-    report = partition_graph(g, backend, rules)
+    report = partition_graph(g, backend, rules)  # tags and replaces nodes of g in place
+    ctx.artifacts["graph"] = g
     ctx.artifacts["op_counts"] = check_ops(g)
     ctx.artifacts["partitions"] = report.as_dict()
     delegated = sum(p["flops"] for p in report.partitions)

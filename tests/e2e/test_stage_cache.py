@@ -1,5 +1,6 @@
 """The stage cache (pipeline/stage_cache.py): a second identical run restores the stages up to
-`reference` instead of running them, and any input those stages read makes a new key."""
+`reference` instead of running them, and any input a stage reads makes a new key for it and
+the stages after it that depend on it."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def _cache_hit(run_dir: Path) -> bool:
     return _manifest(run_dir)["stage_cache"]["hit"]
 
 
+def _stage_keys(run_dir: Path) -> dict[str, str]:
+    return {k: v["key"] for k, v in _manifest(run_dir)["stage_cache"]["stages"].items()}
+
+
 def _report_without_times(run_dir: Path) -> str:
     """report.md less what is measured anew each run: stage times and the runner's latency."""
     text = (run_dir / "report.md").read_text().split("## Stage times")[0]
@@ -46,9 +51,12 @@ def test_second_identical_run_restores_every_cached_stage(first_run: Path, tmp_p
     ctx = build_in_process(MLP, again, stage_cache=True)
     assert _cache_hit(again)
     stages = {s["name"]: s for s in _manifest(again)["stages"]}
+    first = {s["name"]: s for s in _manifest(first_run)["stages"]}
     for name in PREFIX:
         assert stages[name]["summary"]["cache"] == "hit", name
         assert stages[name]["seconds"] == 0.0
+        assert stages[name]["cache"] == {"key": first[name]["cache"]["key"], "hit": True}
+        assert first[name]["cache"]["hit"] is False
     # Nothing ran: the in-memory graph and module of a run never exist on a hit.
     assert "module" not in ctx.artifacts and "graph" not in ctx.artifacts
     for name in ("model.pte", "reference.pt", "memory_plan.json", "selected_operators.yaml"):
@@ -56,13 +64,17 @@ def test_second_identical_run_restores_every_cached_stage(first_run: Path, tmp_p
     assert stages["verify"]["summary"]["status"] == "ran"
     assert _report_without_times(again) == _report_without_times(first_run)
     # The files a restored stage wrote are recorded with the same hashes.
-    first = {s["name"]: s for s in _manifest(first_run)["stages"]}
     assert stages["emit"]["writes"] == first["emit"]["writes"]
 
 
 @pytest.mark.parametrize(
     "override",
-    ["pipeline.verify.tolerance=0.001", "build.size_budget_kb=100000", "quant.min_sqnr_db=1"],
+    [
+        "pipeline.verify.tolerance=0.001",
+        "build.size_budget_kb=100000",
+        "quant.min_sqnr_db=1",
+        "target.threads=2",
+    ],
 )
 def test_settings_of_later_stages_keep_the_key(first_run: Path, tmp_path: Path, override: str):
     build_in_process([*MLP, override], tmp_path / "run", stage_cache=True)
@@ -84,21 +96,35 @@ def test_settings_of_cached_stages_change_the_key(first_run: Path, tmp_path: Pat
 
 
 def test_a_damaged_entry_is_a_miss_and_is_replaced(first_run: Path, tmp_path: Path) -> None:
-    key = _manifest(first_run)["stage_cache"]["key"]
+    key = _stage_keys(first_run)["emit"]
     entry = Path(os.environ["ETBUILD_CACHE_DIR"]) / "stages" / key
     stored = entry / "files" / "model.pte"
     stored.write_bytes(stored.read_bytes()[:-7])  # truncated behind our back
     build_in_process(MLP, tmp_path / "run", stage_cache=True)
     assert not _cache_hit(tmp_path / "run")
+    hits = {k: v["hit"] for k, v in _manifest(tmp_path / "run")["stage_cache"]["stages"].items()}
+    assert [k for k, hit in hits.items() if not hit] == ["emit"]
     assert (tmp_path / "run/model.pte").read_bytes() == (first_run / "model.pte").read_bytes()
     assert stored.read_bytes() == (first_run / "model.pte").read_bytes()  # stored afresh
     build_in_process(MLP, tmp_path / "again", stage_cache=True)
     assert _cache_hit(tmp_path / "again")
 
 
-def test_stop_after_a_cached_stage_neither_reads_nor_stores(tmp_path: Path) -> None:
+def test_stop_after_a_cached_stage_uses_the_cache_up_to_it(first_run: Path, tmp_path: Path):
     build_in_process([*MLP, "pipeline.stop_after=plan"], tmp_path / "run", stage_cache=True)
-    assert _manifest(tmp_path / "run")["stage_cache"] is None
+    cached = _manifest(tmp_path / "run")["stage_cache"]["stages"]
+    assert list(cached) == [
+        "model",
+        "export",
+        "quantize",
+        "lower",
+        "partition",
+        "out_variant",
+        "plan",
+    ]
+    assert all(c["hit"] and c["key"] == _stage_keys(first_run)[n] for n, c in cached.items())
+    first = (first_run / "memory_plan.json").read_bytes()
+    assert (tmp_path / "run/memory_plan.json").read_bytes() == first
 
 
 def test_checkpoint_contents_are_part_of_the_key(tmp_path: Path) -> None:
@@ -170,16 +196,18 @@ def test_the_cache_stays_under_its_size_limit(tmp_path: Path, capsys) -> None:
     ]
     build_in_process(["model=mlp", "model.seed=11", *common], tmp_path / "a", stage_cache=True)
     first = {p.name for p in (cache / "stages").iterdir()}
-    assert first == {_manifest(tmp_path / "a")["stage_cache"]["key"]}  # over the limit, but used
+    a_keys = set(_stage_keys(tmp_path / "a").values())
+    assert first == a_keys and len(a_keys) == len(PREFIX) + 1  # over the limit, but used
     capsys.readouterr()
     build_in_process(["model=mlp", "model.seed=12", *common], tmp_path / "b", stage_cache=True)
     second = {p.name for p in (cache / "stages").iterdir()}
-    assert second == {_manifest(tmp_path / "b")["stage_cache"]["key"]}
-    assert "removed 1 least recently used entries" in capsys.readouterr().out
+    assert second == set(_stage_keys(tmp_path / "b").values())
+    assert not second & a_keys  # the seed is in every stage's key, through the model's
+    assert f"removed {len(a_keys)} least recently used entries" in capsys.readouterr().out
     # No limit: nothing is removed.
     build_in_process(
         ["model=mlp", "model.seed=11", *common, "build.cache_max_gb=null"],
         tmp_path / "c",
         stage_cache=True,
     )
-    assert len(list((cache / "stages").iterdir())) == 2
+    assert len(list((cache / "stages").iterdir())) == 2 * len(a_keys)

@@ -43,7 +43,8 @@ def build_with_pipeline(
         ctx.artifacts["example_inputs"] = tuple(inputs)
 
     wanted = ("export", "lower", "out_variant", "plan", "emit")
-    stages = [Stage("model", model_stage)] + [s for s in STAGES if s.name in wanted]
+    model = Stage("model", model_stage, writes=("module", "example_inputs"))
+    stages = [model] + [s for s in STAGES if s.name in wanted]
     run_stages(stages, cfg, run_dir, log=lambda _line: None)
     return run_dir / "model.pte"
 

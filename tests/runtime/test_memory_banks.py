@@ -47,7 +47,8 @@ def stages(tmp_path_factory):
         ctx.artifacts["example_inputs"] = (X,)
 
     wanted = ("export", "lower", "out_variant", "plan", "emit")
-    chosen = [Stage("model", model_stage)] + [s for s in STAGES if s.name in wanted]
+    model = Stage("model", model_stage, writes=("module", "example_inputs"))
+    chosen = [model] + [s for s in STAGES if s.name in wanted]
     return run_stages(chosen, cfg, run_dir, log=lambda _line: None)
 
 

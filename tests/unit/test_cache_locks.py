@@ -57,8 +57,8 @@ def test_a_held_entry_makes_the_next_process_wait_and_say_so(tmp_path: Path) -> 
 
 
 def test_stage_cache_lock_excludes_other_processes(tmp_path: Path) -> None:
-    cache = StageCache(tmp_path, "k1")
-    cache.lock(note=lambda _: None)
+    cache = StageCache(tmp_path)
+    cache.lock("k1", note=lambda _: None)
     probe = (
         "import sys, filelock\n"
         "try:\n"
@@ -70,8 +70,8 @@ def test_stage_cache_lock_excludes_other_processes(tmp_path: Path) -> None:
     lock_file = str(tmp_path / "locks" / "stages-k1.lock")
     run = [sys.executable, "-c", probe, lock_file]
     assert subprocess.run(run, capture_output=True, text=True).stdout == "busy\n"
-    cache.unlock()
-    cache.unlock()  # a no-op when not held
+    cache.unlock("k1")
+    cache.unlock("k1")  # a no-op when not held
     assert subprocess.run(run, capture_output=True, text=True).stdout == "acquired\n"
 
 
