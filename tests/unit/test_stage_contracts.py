@@ -151,3 +151,23 @@ def test_a_damaged_stage_entry_is_a_miss(tmp_path: Path):
     assert [again[n]["hit"] for n in ("make", "mid", "last")] == [True, False, True]
     assert toy.ran == ["make", "mid"]
     assert (tmp_path / "2/last.txt").read_text() == "12"
+
+
+def test_each_cacheable_stage_reads_only_the_config_it_declares() -> None:
+    """A stage's cache key covers only its declared config: every ``ctx.cfg.<key>`` its module
+    reads must lie inside that slice, or a change to the key would reuse a stale result."""
+    import inspect
+    import re
+
+    from etbuild.pipeline.stages import STAGES
+
+    for stage in STAGES:
+        if not stage.cacheable:
+            continue
+        source = inspect.getsource(inspect.getmodule(stage.fn))
+        read = set(re.findall(r"ctx\.cfg\.([A-Za-z_][A-Za-z0-9_.]*)", source))
+        assert read or stage.name == "out_variant", stage.name
+        for key in read:
+            assert any(key == c or key.startswith(c + ".") for c in stage.config), (
+                f"stage {stage.name!r} reads ctx.cfg.{key}, outside its config {stage.config}"
+            )
