@@ -155,7 +155,20 @@ def _dtypes(node: fx.Node) -> set[str]:
 
 def node_flops(node: fx.Node) -> int:
     """Floating-point (or integer) operations of one node: torch's formula where it has one
-    (convolution, matrix products, attention), else one per output element; 0 for views."""
+    (convolution, matrix products, attention), else one per output element; 0 for views. A
+    dynamic dim counts at its example size."""
+    return _concrete(_symbolic_flops(node))
+
+
+def _concrete(n: int | torch.SymInt) -> int:
+    """An int for a count that may depend on a dynamic dim (its example size)."""
+    if isinstance(n, torch.SymInt):
+        hint = n.node.hint
+        return int(hint) if hint is not None else 0
+    return int(n)
+
+
+def _symbolic_flops(node: fx.Node) -> int | torch.SymInt:
     if (
         node.target is operator.getitem
         or not isinstance(node.target, torch._ops.OpOverload)
@@ -168,7 +181,7 @@ def node_flops(node: fx.Node) -> int:
             (node.args, node.kwargs), lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a
         )
         try:
-            return int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+            return formula(*args, **kwargs, out_val=node.meta.get("val"))
         except Exception:  # a formula that does not fit this overload: count elements
             pass
     val = node.meta.get("val")

@@ -111,6 +111,22 @@ def test_the_filters_narrow_what_the_backend_takes(tmp_path: Path) -> None:
     assert excluded["partitions"] == []  # every op sits in the top-level module
 
 
+def test_a_dynamic_batch_counts_flops_at_its_example_size(tmp_path: Path) -> None:
+    """With a dynamic batch, op counts are symbolic; the partition report counts them at the
+    example size (it used to fail formatting a symbolic share)."""
+    fixed = _partitions(tmp_path / "a")
+    ctx = build_in_process(
+        [*MODEL, *TOY, "model.inputs=[{name:x,shape:[2,3,8,8]}]",
+         "model.dynamic_dims=[{name:batch,input:x,dim:0,min:1,max:8}]",
+         "pipeline.stop_after=partition"],
+        tmp_path / "b",
+    )  # fmt: skip
+    dynamic = ctx.artifacts["partitions"]
+    assert isinstance(dynamic["total_flops"], int)
+    assert dynamic["total_flops"] == 2 * fixed["total_flops"]  # batch 2 against batch 1
+    assert dynamic["partitions"]
+
+
 def test_delegated_program_matches_the_reference_execution(tmp_path: Path) -> None:
     """The lowered graph with delegate nodes still executes in torch (the reference stage's
     view of it), and gives eager's outputs."""
