@@ -98,7 +98,23 @@ bool parse(const uint8_t* data, size_t size, ProgramFile* out) {
   std::vector<uint64_t> copy = aligned_copy(data, program_size);
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(copy.data());
   if (!verify(bytes, program_size, false)) return false;
-  out->program.reset(fb::GetProgram(bytes)->UnPack());
+  // The verifier accepts a union whose type is set but whose value is absent; the object API
+  // cannot write one back, so such a program is left to the byte mutations.
+  const fb::Program* root = fb::GetProgram(bytes);
+  if (root->execution_plan() != nullptr)
+    for (const fb::ExecutionPlan* plan : *root->execution_plan()) {
+      if (plan->values() != nullptr)
+        for (const fb::EValue* v : *plan->values())
+          if (v->val_type() != fb::KernelTypes_NONE && v->val() == nullptr) return false;
+      if (plan->chains() != nullptr)
+        for (const fb::Chain* c : *plan->chains())
+          if (c->instructions() != nullptr)
+            for (const fb::Instruction* in : *c->instructions())
+              if (in->instr_args_type() != fb::InstructionArguments_NONE &&
+                  in->instr_args() == nullptr)
+                return false;
+    }
+  out->program.reset(root->UnPack());
   out->segments.assign(data + base, data + base + seg_size);
   return true;
 }
