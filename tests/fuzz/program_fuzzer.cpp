@@ -12,6 +12,7 @@
 #include "executor/data_loader.h"
 #include "executor/method.h"
 #include "executor/program.h"
+#include "kernel/kernel.h"
 #include "register_kernels.h"
 
 namespace {
@@ -85,6 +86,13 @@ void run_method(const etb::Program& program, const char* name) {
 }
 
 }  // namespace
+
+// For the structure-aware mutator (program_mutator.cpp), which renames operators to other
+// registered kernels: the i-th registered kernel's name, or nullptr past the end.
+extern "C" const char* etb_fuzz_kernel_name(size_t i) {
+  const etb::Span<const etb::Kernel> kernels = etb::registered_kernels();
+  return i < kernels.size() ? kernels[i].name : nullptr;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!kRegistered) abort();
