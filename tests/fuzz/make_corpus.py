@@ -1,6 +1,7 @@
 """Seed programs for the fuzzer: small zoo programs in fp32 with a dynamic batch, in int8
-(``+quant=ptq``) and an attention model with int64 token inputs, built by the pipeline up to
-``emit``.
+(``+quant=ptq``), int8 with its weights copied into planned memory at load
+(``memory.constants=copy``: a mutable data segment) and an attention model with int64 token
+inputs, built by the pipeline up to ``emit``.
 
     python tests/fuzz/make_corpus.py DIR
 """
@@ -15,6 +16,14 @@ from pathlib import Path
 SEEDS = {
     "mlp_fp32_dynamic": ["model=mlp", "model.args.hidden=[16,16]"],
     "mlp_int8": ["model=mlp", "+quant=ptq", "model.dynamic_dims=[]", "model.args.hidden=[16]"],
+    "mlp_int8_copied_constants": [
+        "model=mlp",
+        "+quant=ptq",
+        "model.dynamic_dims=[]",
+        "model.args.hidden=[16]",
+        "+memory=stm32h7",
+        "memory.constants=copy",
+    ],
     "mlp_fp32_static": ["model=mlp", "model.dynamic_dims=[]", "model.args.hidden=[16]"],
     "transformer_fp32": [
         "model=transformer",

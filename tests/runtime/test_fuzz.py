@@ -1,10 +1,10 @@
 """A short fuzzing campaign on every run (CI sets ETB_SANITIZER_TESTS=1): libFuzzer mutates
-seed programs (tests/fuzz/make_corpus.py: fp32 with a dynamic batch, int8, attention with
-int64 tokens) and loads and runs each mutant in the sanitized runtime (tests/fuzz/). The
-campaign uses the structure-aware mutator (tests/fuzz/program_mutator.cpp), which reaches
-further than byte mutations in the same time (bench/fuzz.py --compare measures it). Every
-file in tests/fuzz/regressions/ (a crash a campaign once found, kept) is replayed first.
-bench/fuzz.py runs a long campaign."""
+seed programs (tests/fuzz/make_corpus.py: fp32 with a dynamic batch, int8, int8 with weights
+copied at load, attention with int64 tokens) and loads and runs each mutant in the sanitized
+runtime (tests/fuzz/). The campaign uses the structure-aware mutator
+(tests/fuzz/program_mutator.cpp), which reaches further than byte mutations in the same time
+(bench/fuzz.py --compare measures it). Every file in tests/fuzz/regressions/ (a crash a
+campaign once found, kept) is replayed first. bench/fuzz.py runs a long campaign."""
 
 from __future__ import annotations
 
