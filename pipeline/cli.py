@@ -244,6 +244,13 @@ def _main(recipe_file: str | None) -> None:
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         sweep = hydra_cfg.mode == RunMode.MULTIRUN
+        from .recipes import check_starts_from_config
+
+        try:
+            check_starts_from_config(cfg)  # a --config-name recipe without etbuild's config
+        except EtbuildError as exc:
+            print(f"etbuild: error: {exc}", file=sys.stderr)
+            sys.exit(1)
         print(f"etbuild: {cfg.model.name} -> {run_dir}")
         source = recipe_file
         if source is None and cfg.get("recipe") is not None:

@@ -235,6 +235,18 @@ def check_header(header: Any, where: str, stem: str | None = None) -> None:
 # --- composing ---------------------------------------------------------------------------
 
 
+def check_starts_from_config(cfg: DictConfig) -> None:
+    """A recipe whose defaults leave out etbuild's ``config`` composes without the schema, the
+    model or the pipeline settings; say so rather than fail on the first missing key."""
+    if cfg.get("model") is None or cfg.get("pipeline") is None:
+        raise EtbuildError(
+            "the composed config has no model or pipeline settings: a recipe's defaults list "
+            "must start with etbuild's config (defaults: [config, <group>: <option>, "
+            "override /<group>: <option>, _self_]); see the README, \"The order of a recipe's "
+            'defaults"'
+        )
+
+
 @contextmanager
 def hydra_compose_context(folder: Path | None) -> Iterator[None]:
     """Hydra's compose API with etbuild's ``conf/`` and, when given, a recipe folder (the
@@ -344,6 +356,10 @@ def compose(
             else ""
         )
         raise EtbuildError(f"{where}{hydra_message(exc)}{fix}") from None
+    try:
+        check_starts_from_config(cfg)
+    except EtbuildError as exc:
+        raise EtbuildError(f"{where}{exc}") from None
     if validate and not return_hydra_config:
         try:
             validate_config(cfg)

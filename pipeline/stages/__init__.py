@@ -1,4 +1,4 @@
-"""The pipeline's stages, in the order they run (DESIGN.md's data flow), each with its
+"""The pipeline's stages, in the order they run (docs/architecture.md's data flow), each with its
 contract: the in-memory artifacts it reads and writes, the config it depends on and the input
 digests it reads (pipeline/runner.py's ``Stage``; the runner enforces the artifacts).
 

@@ -4,6 +4,7 @@ without building: composition only."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,20 @@ def test_recipe_with_typo_fails_naming_the_file_from_the_command(tmp_path: Path)
         "keep_fp32, qat, min_sqnr_db; fix the key or value in the recipe (or in the override "
         "that sets it)\n"
     )
+
+
+def test_a_recipe_without_etbuilds_config_fails_in_one_line(tmp_path: Path) -> None:
+    """Left out of the defaults, etbuild's config leaves no schema and no model: the build,
+    --config-name included, says what the defaults must start with, with no traceback."""
+    from etbuild_test_support import run_cli
+
+    path = tmp_path / "bare.yaml"
+    path.write_text("recipe: {name: bare, version: 1.0.0}\ndefaults:\n  - _self_\nseed: 1\n")
+    expected = "a recipe's defaults list must start with etbuild's config (defaults: [config,"
+    with pytest.raises(EtbuildError, match=re.escape(f"recipe {path}: the composed config")):
+        R.compose(R.find(str(path)))
+    for args in (["--recipe", str(path)], ["--config-dir", str(tmp_path), "--config-name", "bare"]):
+        proc = run_cli(args, tmp_path, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1
