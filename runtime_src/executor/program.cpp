@@ -429,16 +429,7 @@ Result<const uint8_t*> Program::constant_data(uint32_t index, size_t nbytes,
   const fb::SubsegmentOffsets* cs = program_->constant_segment();
   const uint8_t* p = nullptr;
   if (cs != nullptr && cs->offsets() != nullptr && cs->offsets()->size() > 0) {
-    ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(cs->segment_index()));
-    if (index >= cs->offsets()->size())
-      return fail(Error::InvalidProgram, "constant %u: the constant segment has %u entries",
-                  unsigned(index), unsigned(cs->offsets()->size()));
-    uint64_t off = cs->offsets()->Get(index);
-    if (off > seg.size() || nbytes > seg.size() - off)
-      return fail(Error::InvalidProgram,
-                  "constant %u: %zu bytes at offset %llu exceed the %zu-byte segment",
-                  unsigned(index), nbytes, (unsigned long long)off, seg.size());
-    p = seg.data() + off;
+    ETB_ASSIGN_OR_RETURN(p, subsegment_entry(cs, index, nbytes, "constant", "constant segment"));
   } else {
     const auto* bufs = program_->constant_buffer();
     if (bufs == nullptr || index >= bufs->size())
@@ -459,16 +450,20 @@ Result<const uint8_t*> Program::mutable_data(uint32_t index, size_t nbytes) cons
   if (all == nullptr || all->size() == 0 || all->Get(0)->offsets() == nullptr)
     return fail(Error::InvalidProgram,
                 "initial data %u: the program has no mutable data segment", unsigned(index));
-  const fb::SubsegmentOffsets* ms = all->Get(0);
-  ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(ms->segment_index()));
-  if (index >= ms->offsets()->size())
-    return fail(Error::InvalidProgram, "initial data %u: the mutable data segment has %u entries",
-                unsigned(index), unsigned(ms->offsets()->size()));
-  uint64_t off = ms->offsets()->Get(index);
+  return subsegment_entry(all->Get(0), index, nbytes, "initial data", "mutable data segment");
+}
+
+Result<const uint8_t*> Program::subsegment_entry(const etbuild::schema::SubsegmentOffsets* sub,
+                                                 uint32_t index, size_t nbytes,
+                                                 const char* what, const char* where) const {
+  ETB_ASSIGN_OR_RETURN(Span<const uint8_t> seg, segment(sub->segment_index()));
+  if (index >= sub->offsets()->size())
+    return fail(Error::InvalidProgram, "%s %u: the %s has %u entries", what, unsigned(index),
+                where, unsigned(sub->offsets()->size()));
+  uint64_t off = sub->offsets()->Get(index);
   if (off > seg.size() || nbytes > seg.size() - off)
-    return fail(Error::InvalidProgram,
-                "initial data %u: %zu bytes at offset %llu exceed the %zu-byte segment",
-                unsigned(index), nbytes, (unsigned long long)off, seg.size());
+    return fail(Error::InvalidProgram, "%s %u: %zu bytes at offset %llu exceed the %zu-byte segment",
+                what, unsigned(index), nbytes, (unsigned long long)off, seg.size());
   return seg.data() + off;
 }
 

@@ -16,6 +16,7 @@ namespace etbuild {
 namespace schema {
 struct Program;
 struct ExecutionPlan;
+struct SubsegmentOffsets;
 namespace banks {
 struct MemoryBankTable;
 struct MethodBanks;
@@ -121,6 +122,11 @@ class Program : public NamedDataMap {
   const etbuild::schema::Program* flatbuffer() const { return program_; }
 
  private:
+  /// `nbytes` of entry `index` of a subsegment table (constants or initial data); `what`
+  /// and `where` name them in the error.
+  Result<const uint8_t*> subsegment_entry(const etbuild::schema::SubsegmentOffsets* sub,
+                                          uint32_t index, size_t nbytes, const char* what,
+                                          const char* where) const;
   Program(const DataLoader* loader, const etbuild::schema::Program* program,
           const uint8_t* segment_base, size_t segment_size,
           const etbuild::schema::banks::MemoryBankTable* banks)
