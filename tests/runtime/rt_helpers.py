@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def build_with_pipeline(
 
     The config is the mlp model's with ``overrides``; by default no dim is dynamic (the mlp
     config's one input is named ``features``, its dynamic dim is ``batch`` on dim 0)."""
-    from etbuild.pipeline.runner import Stage, run_stages
+    from etbuild.pipeline.runner import run_stages
     from etbuild.pipeline.stages import STAGES
 
     cfg = compose(["model=mlp", *overrides])
@@ -43,7 +44,8 @@ def build_with_pipeline(
         ctx.artifacts["example_inputs"] = tuple(inputs)
 
     wanted = ("export", "lower", "out_variant", "plan", "emit")
-    model = Stage("model", model_stage, writes=("module", "example_inputs"))
+    # The zoo's model stage with this module in place of its model: the same contract.
+    model = dataclasses.replace(next(s for s in STAGES if s.name == "model"), fn=model_stage)
     stages = [model] + [s for s in STAGES if s.name in wanted]
     run_stages(stages, cfg, run_dir, log=lambda _line: None)
     return run_dir / "model.pte"
