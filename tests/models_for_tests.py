@@ -432,3 +432,26 @@ class XnnpackOps(nn.Module):
 def xnnpack_ops(**_: Any) -> nn.Module:
     model = XnnpackOps()
     return _widened(model, model.fc2)
+
+
+class MixedDelegate(nn.Module):
+    """Convolutions XNNPACK runs around ops it does not (a transposed convolution, a group
+    norm), each big enough for the runtime's kernels to split: with +partitioner=xnnpack the
+    method alternates between delegate calls and the runtime's own kernels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.up = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.norm = nn.GroupNorm(4, 16)
+        self.head = nn.Conv2d(16, 24, 3, stride=2, padding=1)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(self.up(torch.relu(self.stem(x))))
+        return self.fc(torch.relu(self.head(x)).mean((2, 3)))
+
+
+def mixed_delegate(**_: Any) -> nn.Module:
+    torch.manual_seed(3)
+    return MixedDelegate().eval()

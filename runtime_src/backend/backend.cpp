@@ -32,4 +32,10 @@ const Backend* find_backend(const char* id, size_t id_size) {
   return nullptr;
 }
 
+Parallel* create_backend_parallel(int threads) {
+  for (size_t i = 0; i < g_num_backends; ++i)
+    if (Parallel* p = g_backends[i].backend->create_parallel(threads)) return p;
+  return nullptr;
+}
+
 }  // namespace etb

@@ -38,7 +38,9 @@ struct BackendInitContext {
 };
 
 /// What a backend gets at each execute: the threads the method's kernels use (nullptr: the
-/// calling thread only); a backend with its own thread pool sizes it to match.
+/// calling thread only). A backend runs on them when they are its threading library's (see
+/// Parallel::native_handle and Backend::create_parallel), else sizes a pool of its own to
+/// match.
 struct BackendExecuteContext {
   Parallel* parallel;
 };
@@ -56,6 +58,13 @@ class Backend {
   virtual Error execute(BackendExecuteContext& ctx, void* handle, Span<EValue*> args) const = 0;
   /// Releases what init acquired.
   virtual void destroy(void* handle) const = 0;
+  /// `threads` threads (>= 2) on the backend's own threading library, for the method's
+  /// kernels and the backend alike (the caller deletes them); nullptr when the backend has no
+  /// such library or cannot start them. make_thread_pool asks the registered backends first.
+  virtual Parallel* create_parallel(int threads) const {
+    (void)threads;
+    return nullptr;
+  }
 };
 
 /// Registers `backend` under `id` (the BackendDelegate id in programs). The backend object
@@ -64,5 +73,9 @@ Error register_backend(const char* id, const Backend* backend);
 
 /// The backend registered as `id`, or nullptr.
 const Backend* find_backend(const char* id, size_t id_size);
+
+/// Threads from the first registered backend that provides them (Backend::create_parallel),
+/// or nullptr.
+Parallel* create_backend_parallel(int threads);
 
 }  // namespace etb

@@ -211,7 +211,7 @@ class PyProgram {
     etb::Result<etb::Program> program = etb::Program::load(loader_.get());
     if (!program.ok()) raise(program.error());
     program_.emplace(std::move(program.value()));
-    if (threads > 1) pool_ = std::make_unique<etb::ThreadPool>(threads);
+    pool_ = etb::make_thread_pool(threads);
   }
 
   int num_threads() const { return pool_ ? pool_->num_threads() : 1; }
@@ -450,7 +450,7 @@ class PyProgram {
   }
 
   std::mutex run_mu_;  // held by run() and init_method()
-  std::unique_ptr<etb::ThreadPool> pool_;  // outlives the methods (declared first)
+  std::unique_ptr<etb::Parallel> pool_;  // outlives the methods (declared first)
   uint64_t budget_ = 0;  // instructions a run may execute (0: the program's default)
   bool prepare_ = true;  // pack the weights for the kernels when a method is initialised
   std::unique_ptr<etb::FileDataLoader> loader_;

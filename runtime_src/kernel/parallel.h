@@ -1,5 +1,5 @@
 // Threads that kernels may split their work over. The runtime's core creates none: an app
-// passes a Parallel to Method::set_parallel (platform/thread_pool.h has one for hosted
+// passes a Parallel to Method::set_parallel (platform/thread_pool.h makes one for hosted
 // systems; a bare-metal build has none and every kernel runs on the calling thread).
 #pragma once
 
@@ -20,6 +20,13 @@ class Parallel {
   /// Runs fn(ctx, task, thread) once for every task in [0, n), in any order and on any of
   /// the threads, and returns when all have finished.
   virtual void run(int64_t n, TaskFn fn, void* ctx) = 0;
+  /// The handle of the threading library these threads belong to, when they belong to
+  /// `library` (such as "pthreadpool"), else nullptr: a delegate built on that library then
+  /// runs its own work on these threads instead of starting more.
+  virtual void* native_handle(const char* library) const {
+    (void)library;
+    return nullptr;
+  }
 };
 
 }  // namespace etb

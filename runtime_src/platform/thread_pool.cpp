@@ -1,5 +1,7 @@
 #include "platform/thread_pool.h"
 
+#include "backend/backend.h"
+
 namespace etb {
 namespace {
 
@@ -142,6 +144,12 @@ void* ThreadPool::worker_main(void* arg) {
     seen = generation_of(pool.next_.load(std::memory_order_acquire));
     pool.run_tasks(seen, w.thread);
   }
+}
+
+std::unique_ptr<Parallel> make_thread_pool(int threads) {
+  if (threads <= 1) return nullptr;
+  if (Parallel* shared = create_backend_parallel(threads)) return std::unique_ptr<Parallel>(shared);
+  return std::make_unique<ThreadPool>(threads);
 }
 
 }  // namespace etb

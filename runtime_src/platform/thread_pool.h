@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "kernel/parallel.h"
 
@@ -53,5 +54,11 @@ class ThreadPool final : public Parallel {
   std::atomic<int64_t> num_tasks_{0};
   std::atomic<bool> stop_{false};
 };
+
+/// The threads for a method that runs on `threads` threads (nullptr for one: the calling
+/// thread): a registered backend's own (Backend::create_parallel; XNNPACK's pthreadpool), so
+/// that the kernels and the delegate share one set of threads, else a ThreadPool. Call it
+/// after register_all_kernels().
+std::unique_ptr<Parallel> make_thread_pool(int threads);
 
 }  // namespace etb

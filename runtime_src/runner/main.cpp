@@ -10,6 +10,8 @@
 //   i64 x ndim   sizes
 //   data         numel * element_size bytes, row-major (contiguous)
 // runtime_src/runner/dump_inputs.py writes these files from a bundled reference.pt.
+#include <dirent.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -241,11 +243,8 @@ int main(int argc, char** argv) {
         etb::Error::Ok)
       return die("prepare");
   }
-  std::unique_ptr<etb::ThreadPool> pool;
-  if (threads > 1) {
-    pool = std::make_unique<etb::ThreadPool>(threads);
-    method->set_parallel(pool.get());
-  }
+  std::unique_ptr<etb::Parallel> pool = etb::make_thread_pool(threads);
+  if (pool) method->set_parallel(pool.get());
 
   if (input_paths.size() != method->num_inputs()) {
     fprintf(stderr, "etb_runner: method '%s' takes %zu inputs, %zu given\n", method_name,
@@ -305,6 +304,14 @@ int main(int argc, char** argv) {
   auto pct = [&](double q) { return times[size_t(q * double(times.size() - 1) + 0.5)]; };
   printf("kernel_isa: %s\n", etb::kernel_isa());
   printf("threads: %d\n", pool ? pool->num_threads() : 1);
+  // Every thread the process runs (Linux): the kernels' and a delegate's work share one pool,
+  // so at --threads N this is N, not N plus a delegate's own workers.
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    int n = 0;
+    while (const dirent* e = readdir(tasks)) n += e->d_name[0] != '.';
+    closedir(tasks);
+    printf("process_threads: %d\n", n);
+  }
   printf("prepared_bytes: %zu\n", prepared_bytes);
   printf("scratch_peak: %zu\n", method->scratch_peak());
   printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),

@@ -233,3 +233,36 @@ def test_every_fp32_op_kind_runs_in_the_delegate_and_matches_eager(tmp_path) -> 
         assert kind in ops, (kind, sorted(ops))
     verify = ctx.artifacts["verify"]
     assert verify["status"] == "ran" and float(verify["max_rel_error"]) <= 1e-4, verify
+
+
+def test_kernels_and_delegate_share_one_pool_and_match_one_thread(tmp_path) -> None:
+    """A method that alternates between XNNPACK and the runtime's kernels runs on one set of
+    threads (the process runs N threads at --threads N, not N plus XNNPACK's own), and its
+    outputs at 2 and 4 threads are bit-identical to one thread."""
+    model = custom_model_overrides("mixed_delegate", [("x", [1, 3, 40, 40])])
+    run_dir = tmp_path / "build"
+    ctx = build_in_process([*model, *XNN[1:]], run_dir)
+    parts = ctx.artifacts["partitions"]
+    refused = {r["op"] for r in parts["refused"]}
+    assert len(parts["partitions"]) >= 2 and {"convolution", "native_group_norm"} <= refused, parts
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 40, 40)
+    runner = run_dir / "runtime" / "bin" / "etb_runner"
+    etbt.write(tmp_path / "x.etbt", x)
+    outputs = {}
+    for threads in (1, 2, 4):
+        out = tmp_path / f"out{threads}"
+        out.mkdir()
+        proc = subprocess.run(
+            [str(runner), str(run_dir / "model.pte"), "--input", str(tmp_path / "x.etbt"),
+             "--iters", "3", "--threads", str(threads), "--output-dir", str(out)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert f"threads: {threads}\n" in proc.stdout
+        assert f"process_threads: {threads}\n" in proc.stdout, proc.stdout
+        (outputs[threads],) = [etbt.read(p) for p in sorted(out.glob("output_*.etbt"))]
+    one = outputs[1]
+    assert one.abs().max() > 0.1 and one.std() > 0.01  # outputs of order one that vary
+    for threads in (2, 4):
+        assert torch.equal(outputs[threads], one), f"threads={threads} differs from one thread"

@@ -8,9 +8,14 @@
 // between them. Values that cross steps live in buffers the handle owns (with the slack
 // XNNPACK may read past the end); delegate inputs that XNNPACK reads are copied there first.
 // Shapes are static: every call's tensors must have the sizes the blob was made for.
+//
+// Threads: a build with this delegate gives its methods a pthreadpool (create_parallel), the
+// library XNNPACK runs on, so the runtime's kernels and XNNPACK share one set of threads.
+#include <pthread.h>
 #include <pthreadpool.h>
 #include <xnnpack.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -122,16 +127,67 @@ struct Handle {
   std::vector<Step> steps;
   std::vector<uint32_t> args;  // external id -> value
   std::unique_ptr<uint8_t[]> arena;
+  // The threads the runtimes were created for: nullptr (the calling thread), the method's
+  // pthreadpool, or own_pool when the method's threads are not a pthreadpool.
   pthreadpool_t pool = nullptr;
-  int threads = 1;  // the runtimes were created for this many threads
+  pthreadpool_t own_pool = nullptr;
 
   ~Handle() {
     for (Step& s : steps) {
       if (s.runtime != nullptr) xnn_delete_runtime(s.runtime);
       if (s.subgraph != nullptr) xnn_delete_subgraph(s.subgraph);
     }
-    if (pool != nullptr) pthreadpool_destroy(pool);
+    if (own_pool != nullptr) pthreadpool_destroy(own_pool);
   }
+};
+
+// A method's threads as a pthreadpool. Tasks get the index of the thread they run on, as
+// Parallel promises: 0 on the thread that called run(), 1.. on the pool's workers (each
+// worker takes the next index the first time it runs a task of this pool).
+class PthreadpoolParallel final : public Parallel {
+ public:
+  explicit PthreadpoolParallel(pthreadpool_t pool)
+      : pool_(pool), threads_(int(pthreadpool_get_threads_count(pool))) {}
+  ~PthreadpoolParallel() override { pthreadpool_destroy(pool_); }
+  PthreadpoolParallel(const PthreadpoolParallel&) = delete;
+  PthreadpoolParallel& operator=(const PthreadpoolParallel&) = delete;
+
+  int num_threads() const override { return threads_; }
+  void* native_handle(const char* library) const override {
+    return strcmp(library, "pthreadpool") == 0 ? pool_ : nullptr;
+  }
+  void run(int64_t n, TaskFn fn, void* ctx) override {
+    if (n <= 0) return;
+    Loop loop{this, fn, ctx, pthread_self()};
+    pthreadpool_parallelize_1d(pool_, &run_task, &loop, size_t(n), 0);
+  }
+
+ private:
+  struct Loop {
+    PthreadpoolParallel* pool;
+    TaskFn fn;
+    void* ctx;
+    pthread_t caller;
+  };
+  static void run_task(void* arg, size_t task) {
+    const Loop& loop = *static_cast<const Loop*>(arg);
+    loop.fn(loop.ctx, int64_t(task), loop.pool->thread_index(loop.caller));
+  }
+  int thread_index(pthread_t caller) {
+    if (pthread_equal(pthread_self(), caller)) return 0;
+    // A worker thread belongs to one pool for its whole life.
+    thread_local const PthreadpoolParallel* owner = nullptr;
+    thread_local int index = 0;
+    if (owner != this) {
+      owner = this;
+      index = next_worker_.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
+    return index;
+  }
+
+  pthreadpool_t pool_;
+  int threads_;
+  std::atomic<int> next_worker_{0};
 };
 
 const char* status_name(xnn_status s) {
@@ -557,18 +613,9 @@ Error build_subgraph(const xs::XNNGraph* g, Handle* h, int index) {
   return Error::Ok;
 }
 
-// (Re)creates the runtimes of every XNNPACK step for `threads` threads.
-Error create_runtimes(Handle* h, int threads) {
-  if (h->pool != nullptr && threads != h->threads) {
-    pthreadpool_destroy(h->pool);
-    h->pool = nullptr;
-  }
-  if (threads > 1 && h->pool == nullptr) {
-    h->pool = pthreadpool_create(size_t(threads));
-    if (h->pool == nullptr)
-      return fail(Error::MemoryAllocationFailed, "xnnpack: cannot start %d threads", threads);
-  }
-  h->threads = threads;
+// (Re)creates the runtimes of every XNNPACK step on `pool` (nullptr: the calling thread).
+Error create_runtimes(Handle* h, pthreadpool_t pool) {
+  h->pool = pool;
   for (size_t i = 0; i < h->steps.size(); ++i) {
     Step& s = h->steps[i];
     if (s.host) continue;
@@ -732,7 +779,27 @@ Error build(const xs::XNNGraph* g, const BlobParts& blob, const NamedDataMap* na
   }
   for (size_t i = 0; i < h->steps.size(); ++i)
     if (!h->steps[i].host) ETB_TRY(build_subgraph(g, h, int(i)));
-  return create_runtimes(h, 1);
+  return create_runtimes(h, nullptr);
+}
+
+// The pool the runtimes run on for the method's threads: the method's own when they are a
+// pthreadpool, else one of the handle's, sized to match (an app that gave the method a
+// ThreadPool of its own).
+Result<pthreadpool_t> pool_for(Handle* h, const Parallel* parallel) {
+  const int threads = parallel != nullptr ? parallel->num_threads() : 1;
+  if (threads <= 1) return pthreadpool_t(nullptr);
+  if (void* shared = parallel->native_handle("pthreadpool")) return static_cast<pthreadpool_t>(shared);
+  if (h->own_pool != nullptr && int(pthreadpool_get_threads_count(h->own_pool)) != threads) {
+    if (h->pool == h->own_pool) ETB_TRY(create_runtimes(h, nullptr));  // off the old pool
+    pthreadpool_destroy(h->own_pool);
+    h->own_pool = nullptr;
+  }
+  if (h->own_pool == nullptr) {
+    h->own_pool = pthreadpool_create(size_t(threads));
+    if (h->own_pool == nullptr)
+      return fail(Error::MemoryAllocationFailed, "xnnpack: cannot start %d threads", threads);
+  }
+  return h->own_pool;
 }
 
 class XnnpackBackend final : public Backend {
@@ -762,8 +829,9 @@ class XnnpackBackend final : public Backend {
 
   Error execute(BackendExecuteContext& ctx, void* handle, Span<EValue*> args) const override {
     Handle* h = static_cast<Handle*>(handle);
-    const int threads = ctx.parallel != nullptr ? ctx.parallel->num_threads() : 1;
-    if (threads != h->threads) ETB_TRY(create_runtimes(h, threads));
+    pthreadpool_t pool;
+    ETB_ASSIGN_OR_RETURN(pool, pool_for(h, ctx.parallel));
+    if (pool != h->pool) ETB_TRY(create_runtimes(h, pool));
     if (args.size() != h->args.size())
       return fail(Error::InvalidArgument, "xnnpack: %zu arguments, the blob has %zu", args.size(),
                   h->args.size());
@@ -822,6 +890,15 @@ class XnnpackBackend final : public Backend {
   }
 
   void destroy(void* handle) const override { delete static_cast<Handle*>(handle); }
+
+  Parallel* create_parallel(int threads) const override {
+    if (threads <= 1) return nullptr;
+    pthreadpool_t pool = pthreadpool_create(size_t(threads));
+    if (pool == nullptr) return nullptr;
+    Parallel* p = new (std::nothrow) PthreadpoolParallel(pool);
+    if (p == nullptr) pthreadpool_destroy(pool);
+    return p;
+  }
 };
 
 const XnnpackBackend kXnnpackBackend;
