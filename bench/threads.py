@@ -15,11 +15,14 @@ threads) pair of a cell runs in turn, so machine noise hits all alike; a time is
 over rounds of the per-round medians. Every output is checked against torch eager first.
 
 Printed per cell: ms at each thread count, each runtime's speed-up over its own 1-thread time,
-and etbuild / XNNPACK at each thread count (< 1: etbuild is faster).
+and etbuild / XNNPACK at each thread count (< 1: etbuild is faster). ``--profile`` adds, per
+case, the layers that scale worst: each instruction's time at 1 thread and at the highest
+count (the runtime's profiler, etbuild.runtime ``run(..., profile=True)``), sorted by the time
+it loses against a perfect split.
 
     pip install ".[bench]"
     python bench/threads.py [--models mobilenet resnet18] [--dtypes fp32 int8]
-        [--threads 1 2] [--iters 30] [--rounds 6]
+        [--threads 1 2] [--iters 30] [--rounds 6] [--profile] [--top 12]
 """
 
 from __future__ import annotations
@@ -147,6 +150,47 @@ def xnnpack_worker(pte: str, inputs_path: str, threads: int) -> int:
     return 0
 
 
+def scaling_profile(case: kb.Case, build: kb.Build, threads: int, top: int, reps: int = 9):
+    """The instructions that lose the most time at `threads` threads against a perfect split
+    of their 1-thread time, and the loss per operator."""
+    per = {}
+    for t in (1, threads):
+        prog = build.module.load(str(case.pte), threads=t)
+        for _ in range(3):
+            prog.run(case.inputs)  # warm-up: workers awake, weights packed
+        runs = []
+        for _ in range(reps):
+            prog.run(case.inputs, profile=True)
+            runs.append(prog.last_profile)
+        per[t] = [statistics.median(r[i][1] for r in runs) for i in range(len(runs[0]))]
+        names = [e[0] for e in runs[0]]
+    instrs = list(getattr(case.program, "instructions", []) or [])
+    rows = []
+    for i, name in enumerate(names):
+        one, many = per[1][i], per[threads][i]
+        desc = kb.describe(instrs[i]) if len(instrs) == len(names) else ""
+        rows.append((many - one / threads, i, name, one, many, desc))
+    total1, totalt = sum(per[1]), sum(per[threads])
+    lost = sum(r[0] for r in rows)
+    kb.log(
+        f"\n-- {case.name}: {total1 * 1e3:.2f} ms at 1 thread, {totalt * 1e3:.2f} ms at {threads} "
+        f"(x{total1 / totalt:.2f}); {lost * 1e3:.2f} ms lost against a perfect split"
+    )
+    kb.log(f"   {'#':>4} {'op':<34} {'ms@1':>7} {f'ms@{threads}':>7} {'x':>5} {'lost':>6}  shapes")
+    for loss, i, name, one, many, desc in sorted(rows, reverse=True)[:top]:
+        x = one / many if many > 0 else 0.0
+        kb.log(f"   {i:>4} {name[:34]:<34} {one * 1e3:7.3f} {many * 1e3:7.3f} {x:5.2f} "
+               f"{loss * 1e3:6.3f}  {desc}")  # fmt: skip
+    by_op: dict[str, list[float]] = {}
+    for loss, _, name, one, many, _ in rows:
+        acc = by_op.setdefault(name, [0.0, 0.0, 0.0])
+        acc[0], acc[1], acc[2] = acc[0] + loss, acc[1] + one, acc[2] + many
+    kb.log("   lost per op: " + ", ".join(
+        f"{n} {v[0] * 1e3:.2f} ms (x{v[1] / v[2]:.2f})"
+        for n, v in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:6] if v[2] > 0
+    ))  # fmt: skip
+
+
 def fmt_ms(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.2f}"
 
@@ -158,6 +202,8 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--iters", type=int, default=30, help="timed runs per runtime per cell")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
+    parser.add_argument("--profile", action="store_true", help="the layers that scale worst")
+    parser.add_argument("--top", type=int, default=12, help="instructions shown per profile")
     parser.add_argument("--xnnpack-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.xnnpack_worker:
@@ -178,7 +224,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="etb_threads_") as wd:
         work = Path(wd)
         cases = [kb.build_case(m, d, work, "ptq") for m in args.models for d in args.dtypes]
-        build = kb.build_runtimes(["native"], cases, work, profile=False)["native"]
+        build = kb.build_runtimes(["native"], cases, work, profile=args.profile)["native"]
         if build.error:
             kb.log(f"etbuild runtime build failed: {build.error}")
             return 1
@@ -221,6 +267,8 @@ def main() -> int:
             errors = [f"{c.runtime}: {c.error}" for c in cells if c.error]
             rows.append((case.name, ms, errors))
             kb.log(f"  {case.name:<16} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
+            if args.profile and build.module is not None:
+                scaling_profile(case, build, max(args.threads), args.top)
 
     kb.log("\n== latency, ms (median over rounds)")
     cols = [f"{rt}@{t}" for t in args.threads for rt in RUNTIMES]
