@@ -492,9 +492,10 @@ class Timed:
 
 
 class RunnerTimed(Timed):
-    """etb_runner's own timing: one process per sample, --warmup 3 --iters k. A fresh
-    process needs a few runs before its thread pool's workers are placed and awake, which the
-    peers, timed in long-lived processes, have had."""
+    """etb_runner's own timing: one process per sample, --warmup 10 --iters k. A fresh
+    process needs some runs before its thread pool's workers are placed on their cores and
+    awake, which the peers, timed in long-lived processes, have had (with 3, a 2-thread sample
+    of MobileNetV2 int8 took 5.6-8.0 ms where it settles at 5.3)."""
 
     def __init__(self, build: Build, case: Case, work: Path, threads: int = 1) -> None:
         from etbuild.pipeline import etbt
@@ -509,7 +510,7 @@ class RunnerTimed(Timed):
 
     def cmd(self, k: int, *extra: str) -> list[str]:
         c = [str(self.build.runner), str(self.case.pte), *self.inputs]
-        c += ["--warmup", "3", "--iters", str(k), *extra]
+        c += ["--warmup", "10", "--iters", str(k), *extra]
         return c + (["--threads", str(self.threads)] if self.build.threads_flag else [])
 
     def sample(self, k: int) -> float:
