@@ -299,3 +299,7 @@ def _main(recipe_file: str | None) -> None:
         for run_dir in failed:
             print(f"  {run_dir}", file=sys.stderr)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -64,9 +63,10 @@ def test_lock_rebuilds_a_byte_identical_program(tmp_path: Path) -> None:
     assert json.loads((third / "manifest.json").read_text())["status"] == "ok"
 
 
-def _recipe_wheel(tmp_path: Path) -> Path:
+def _recipe_wheel(tmp_path: Path) -> tuple[Path, Path]:
     """A recipe package (setuptools project, entry point etbuild.recipes) built as a wheel and
-    installed into a folder of its own; returns that folder (for PYTHONPATH)."""
+    installed into a fresh venv that sees this interpreter's packages (etbuild, torch) but
+    not the recipe package; returns the venv's python and the installed recipe file."""
     proj = tmp_path / "proj"
     pkg = proj / "team_recipes"
     pkg.mkdir(parents=True)
@@ -119,27 +119,40 @@ def _recipe_wheel(tmp_path: Path) -> Path:
         timeout=300,
     )
     (wheel,) = dist.glob("team_recipes-2.0.1-*.whl")
-    site = tmp_path / "site"
+    venv = tmp_path / "venv"
     subprocess.run(
-        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    return site
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )  # fmt: skip
+    (installed,) = (venv / "lib").glob("python*/site-packages/team_recipes/team_mlp.yaml")
+    return python, installed
 
 
 def test_recipe_package_wheel_is_listed_and_built_by_name_from_an_empty_dir(
     tmp_path: Path,
 ) -> None:
-    site = _recipe_wheel(tmp_path)
+    python, installed = _recipe_wheel(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
     env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-    bindir = Path(sys.executable).parent
+    # Outside the venv the package is not there: etbuild does not list it.
     proc = subprocess.run(
-        [str(bindir / "etbuild-recipe"), "list"],
+        [sys.executable, "-m", "etbuild.pipeline.recipe_cli", "list"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "team_mlp" not in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [str(python), "-m", "etbuild.pipeline.recipe_cli", "list"],
         cwd=empty,
         env=env,
         capture_output=True,
@@ -147,13 +160,12 @@ def test_recipe_package_wheel_is_listed_and_built_by_name_from_an_empty_dir(
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    installed = site / "team_recipes" / "team_mlp.yaml"
     assert "team_mlp" in proc.stdout and "2.0.1" in proc.stdout
     assert f"from package team-recipes (team_recipes): {installed}" in proc.stdout
 
     proc = subprocess.run(
-        [str(bindir / "etbuild"), "--recipe", "team_mlp", "pipeline.stop_after=emit",
-         "hydra.run.dir=run"],
+        [str(python), "-m", "etbuild.pipeline.cli", "--recipe", "team_mlp",
+         "pipeline.stop_after=emit", "hydra.run.dir=run"],
         cwd=empty,
         env=env,
         capture_output=True,
