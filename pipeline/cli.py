@@ -217,12 +217,26 @@ def main() -> None:
     if "--version" in sys.argv[1:]:
         print(version_line())
         return
+    import os
     import tempfile
 
+    from . import completion
+
+    shell = completion.query_shell(sys.argv[1:])
+    query = shell is not None and "COMP_LINE" in os.environ
+    if query:
+        choices = completion.own_choices(os.environ["COMP_LINE"])
+        if choices is not None:
+            print(completion.answer(choices, shell))
+            return
+        os.environ["COMP_LINE"], flags = completion.split_line(os.environ["COMP_LINE"])
+        sys.argv[1:] += flags
     with tempfile.TemporaryDirectory(prefix="etbuild-args-") as scratch:
         try:
             sys.argv[1:], recipe_file = expand_args(sys.argv[1:], Path(scratch))
         except EtbuildError as exc:
+            if query:  # a recipe or lock that is not there yet: nothing to offer
+                return
             print(f"etbuild: error: {exc}", file=sys.stderr)
             sys.exit(1)
         _main(recipe_file)

@@ -183,14 +183,17 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(args: Sequence[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the ``etbuild`` console script (the installed one) with ``args`` in ``cwd``."""
+def run_cli(
+    args: Sequence[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the ``etbuild`` console script (the installed one) with ``args`` in ``cwd``, in
+    ``env`` (default: cli_env())."""
     exe = Path(sys.executable).parent / "etbuild"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "etbuild.pipeline.cli"]
     return subprocess.run(
         [*cmd, *args],
         cwd=cwd,
-        env=cli_env(),
+        env=cli_env() if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
