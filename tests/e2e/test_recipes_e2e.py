@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import site
 import subprocess
 import sys
 import textwrap
@@ -65,8 +66,12 @@ def test_lock_rebuilds_a_byte_identical_program(tmp_path: Path) -> None:
 
 def _recipe_wheel(tmp_path: Path) -> tuple[Path, Path]:
     """A recipe package (setuptools project, entry point etbuild.recipes) built as a wheel and
-    installed into a fresh venv that sees this interpreter's packages (etbuild, torch) but
-    not the recipe package; returns the venv's python and the installed recipe file."""
+    installed into a fresh venv; returns the venv's python and the installed recipe file.
+
+    The venv reaches etbuild and torch through a .pth file that adds this interpreter's
+    site-packages behind its own (installing etbuild afresh would compile the runtime
+    again), the way a venv with --system-site-packages reaches the system's; that flag
+    itself would not do here, since under CI this interpreter is a venv too."""
     proj = tmp_path / "proj"
     pkg = proj / "team_recipes"
     pkg.mkdir(parents=True)
@@ -121,12 +126,13 @@ def _recipe_wheel(tmp_path: Path) -> tuple[Path, Path]:
     (wheel,) = dist.glob("team_recipes-2.0.1-*.whl")
     venv = tmp_path / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-        check=True,
-        capture_output=True,
-        timeout=300,
+        [sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300
     )
     python = venv / "bin" / "python"
+    (own_site,) = venv.glob("lib/python*/site-packages")
+    (own_site / "_etbuild_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages())
+    )
     subprocess.run(
         [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-deps",
          "--no-index", str(wheel)],
