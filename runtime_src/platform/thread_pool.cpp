@@ -148,7 +148,8 @@ void* ThreadPool::worker_main(void* arg) {
 
 std::unique_ptr<Parallel> make_thread_pool(int threads) {
   if (threads <= 1) return nullptr;
-  if (Parallel* shared = create_backend_parallel(threads)) return std::unique_ptr<Parallel>(shared);
+  if (Parallel* shared = create_backend_parallel(threads))
+    return std::unique_ptr<Parallel>(shared);
   return std::make_unique<ThreadPool>(threads);
 }
 

@@ -788,7 +788,8 @@ Error build(const xs::XNNGraph* g, const BlobParts& blob, const NamedDataMap* na
 Result<pthreadpool_t> pool_for(Handle* h, const Parallel* parallel) {
   const int threads = parallel != nullptr ? parallel->num_threads() : 1;
   if (threads <= 1) return pthreadpool_t(nullptr);
-  if (void* shared = parallel->native_handle("pthreadpool")) return static_cast<pthreadpool_t>(shared);
+  if (void* shared = parallel->native_handle("pthreadpool"))
+    return static_cast<pthreadpool_t>(shared);
   if (h->own_pool != nullptr && int(pthreadpool_get_threads_count(h->own_pool)) != threads) {
     if (h->pool == h->own_pool) ETB_TRY(create_runtimes(h, nullptr));  // off the old pool
     pthreadpool_destroy(h->own_pool);
