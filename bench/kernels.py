@@ -493,9 +493,9 @@ class Timed:
 
 class RunnerTimed(Timed):
     """etb_runner's own timing: one process per sample, --warmup 10 --iters k. A fresh
-    process needs some runs before its thread pool's workers are placed on their cores and
-    awake, which the peers, timed in long-lived processes, have had (with 3, a 2-thread sample
-    of MobileNetV2 int8 took 5.6-8.0 ms where it settles at 5.3)."""
+    process needs some runs before its thread pool's workers are awake and its caches warm,
+    which the peers, timed in long-lived processes, have had. (On a shared host a process's
+    speed also varies from one process to the next; the rounds' median absorbs that.)"""
 
     def __init__(self, build: Build, case: Case, work: Path, threads: int = 1) -> None:
         from etbuild.pipeline import etbt
