@@ -183,6 +183,15 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: a test session started
+    as a background job inherits SIGINT ignored, and a child (Python among them) that starts
+    with it ignored never sees Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(
     args: Sequence[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
