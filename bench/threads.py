@@ -15,7 +15,9 @@ threads) pair of a cell runs in turn, so machine noise hits all alike; a time is
 over rounds of the per-round medians. Every output is checked against torch eager first.
 
 Printed per cell: ms at each thread count, each runtime's speed-up over its own 1-thread time,
-and etbuild / XNNPACK at each thread count (< 1: etbuild is faster). ``--profile`` adds, per
+and etbuild / XNNPACK at each thread count (< 1: etbuild is faster); then the same quantities
+per round, from samples of one round (median and range over rounds: how much of a verdict is
+the host's noise). ``--profile`` adds, per
 case, the layers that scale worst: each instruction's time at 1 thread and at the highest
 count (the runtime's profiler, etbuild.runtime ``run(..., profile=True)``), sorted by the time
 it loses against a perfect split.
@@ -264,8 +266,9 @@ def main() -> int:
                 if isinstance(c.timed, XnnpackWorker):
                     c.timed.close()
             ms = {c.runtime: c.ms for c in cells}
+            samples = {c.runtime: c.samples for c in cells if c.ms is not None}
             errors = [f"{c.runtime}: {c.error}" for c in cells if c.error]
-            rows.append((case.name, ms, errors))
+            rows.append((case.name, ms, errors, samples))
             kb.log(f"  {case.name:<16} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
             if args.profile and build.module is not None:
                 scaling_profile(case, build, max(args.threads), args.top)
@@ -273,7 +276,7 @@ def main() -> int:
     kb.log("\n== latency, ms (median over rounds)")
     cols = [f"{rt}@{t}" for t in args.threads for rt in RUNTIMES]
     kb.log(f"{'model/dtype':<16}" + "".join(f"{c:>13}" for c in cols))
-    for name, ms, _ in rows:
+    for name, ms, _, _ in rows:
         kb.log(f"{name:<16}" + "".join(f"{fmt_ms(ms.get(c)):>13}" for c in cols))
     kb.log(
         "\n== speed-up over 1 thread (same runtime), and etbuild (portable, then delegated) / "
@@ -282,7 +285,7 @@ def main() -> int:
     head = [f"{rt} x{t}" for rt in RUNTIMES for t in args.threads[1:]]
     head += [f"etb/xnn@{t}" for t in args.threads] + [f"etb+x/xnn@{t}" for t in args.threads]
     kb.log(f"{'model/dtype':<16}" + "".join(f"{h:>13}" for h in head))
-    for name, ms, errors in rows:
+    for name, ms, errors, _ in rows:
         vals = [
             kb.ratio(ms.get(f"{rt}@1"), ms.get(f"{rt}@{t}"))
             for rt in RUNTIMES
@@ -293,7 +296,32 @@ def main() -> int:
         kb.log(f"{name:<16}" + "".join(f"{kb.fmt_ratio(v):>13}" for v in vals))
         for e in errors:
             kb.log(f"    {e}")
+    if args.rounds > 1:
+        log_round_spread(rows, args.threads)
     return 0
+
+
+def log_round_spread(rows, threads: list[int]) -> None:
+    """The done-when quantities per round, from samples taken in the same round (a slow
+    spell of the machine hits both sides of each pair): etbuild's speed-up over 1 thread, and
+    how etbuild / XNNPACK changes from 1 thread to T (< 1: the gap narrows). Median [min-max]
+    over rounds: a verdict inside the spread is noise."""
+    kb.log("\n== per round: etbuild xT, and (etb/xnn@T) / (etb/xnn@1), median [min-max]")
+    for name, _, _, s in rows:
+        cells = []
+        for t in threads[1:]:
+            one, many = s.get("etbuild@1"), s.get(f"etbuild@{t}")
+            x1, xt = s.get("xnnpack@1"), s.get(f"xnnpack@{t}")
+            if one and many:
+                cells.append(f"x{t} {spread([a / b for a, b in zip(one, many, strict=False)])}")
+            if one and many and x1 and xt:
+                change = [(b / d) / (a / c) for a, b, c, d in zip(one, many, x1, xt, strict=False)]
+                cells.append(f"ratio@{t}/@1 {spread(change)}")
+        kb.log(f"  {name:<16} " + "  ".join(cells))
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 if __name__ == "__main__":
