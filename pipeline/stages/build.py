@@ -306,7 +306,12 @@ def build_wheel(defines: list[str], key: str, build_dir: Path, wheel_dir: Path, 
     for the install step that follows."""
     project = build_dir.parent / "wheel_project"
     project.mkdir()
-    args = [*defines, f"-DETB_PYTHON_PACKAGE={WHEEL_PACKAGE}", "-DETB_BUILD_PYTHON=ON"]
+    args = [
+        *defines,
+        f"-DETB_PYTHON_PACKAGE={WHEEL_PACKAGE}",
+        "-DETB_BUILD_PYTHON=ON",
+        f"-DETB_NB_DOMAIN=etb_{key}",
+    ]
     (project / "pyproject.toml").write_text(
         "\n".join(
             [

@@ -90,7 +90,8 @@ def test_second_identical_build_is_a_cache_hit(mlp_build: Path, tmp_path: Path) 
 
 def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_path: Path) -> None:
     """runtime/wheel/ holds a wheel of the tailored runtime: installed into a fresh venv, it
-    registers exactly the selected kernels and runs model.pte like eager."""
+    registers exactly the selected kernels and runs model.pte like eager, also when
+    etbuild.runtime is loaded in the same process (each module keeps its own types)."""
     (wheel,) = (mlp_build / "runtime/wheel").glob("etbuild_runtime-*.whl")
     venv = tmp_path / "venv"
     # System site-packages: torch (the module returns torch tensors), but no etbuild_runtime.
@@ -102,10 +103,15 @@ def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_pat
     script = (
         "import json, sys, torch, etbuild_runtime as r\n"
         "ref = torch.load(sys.argv[2], weights_only=True)\n"
-        "out = r.load(sys.argv[1]).run(ref['inputs'])\n"
+        "import etbuild.runtime as full\n"
+        "tailored, everything = r.load(sys.argv[1]), full.load(sys.argv[1])\n"
+        "out = tailored.run(ref['inputs'])\n"
         "err = (out[0] - ref['outputs'][0]).abs().max().item()\n"
+        "same = bool(torch.equal(out[0], everything.run(ref['inputs'])[0]))\n"
         "print(json.dumps({'file': r.__file__, 'kernels': r.registered_kernels(), 'err': err,\n"
-        "                  'isa': r.kernel_isa()}))\n"
+        "                  'isa': r.kernel_isa(), 'same': same,\n"
+        "                  'types': [type(tailored).__module__, type(everything).__module__],\n"
+        "                  'all_ops': len(full.registered_kernels())}))\n"
     )
     proc = subprocess.run(
         [py, "-c", script, str(mlp_build / "model.pte"), str(mlp_build / "reference.pt")],
@@ -120,6 +126,10 @@ def test_host_wheel_installs_into_a_virtual_environment(mlp_build: Path, tmp_pat
     assert sorted(result["kernels"]) == sorted(selected)
     assert result["err"] < 1e-5
     assert result["isa"] == stage_record(mlp_build, "build")["summary"]["kernel_isa"]
+    # Beside the all-ops etbuild.runtime: two modules, two Program types, the same numbers.
+    assert result["types"] == ["etbuild_runtime.runtime", "etbuild.runtime"]
+    assert result["all_ops"] > len(selected)
+    assert result["same"]
 
 
 def test_size_budget_fails_the_build(mlp_build: Path, tmp_path: Path) -> None:
