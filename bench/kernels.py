@@ -288,17 +288,20 @@ def has_march_key() -> bool:
     return "march" in fields
 
 
-def cmake_defines(level: str, python: bool) -> list[str]:
-    from etbuild.pipeline.paths import OPS_YAML_DIR, PACKAGE_ROOT, RUNTIME_SRC_DIR
+def cmake_defines(level: str, python: bool, root: Path | None = None) -> list[str]:
+    """CMake's flags for every kernel at ``level``, from the sources under ``root`` (a copy of
+    the repository's runtime_src/, ops_yaml/ and codegen/; default: this checkout)."""
+    from etbuild.pipeline.paths import PACKAGE_ROOT
 
-    cmakelists = (RUNTIME_SRC_DIR / "CMakeLists.txt").read_text()
+    root = root or PACKAGE_ROOT
+    cmakelists = (root / "runtime_src" / "CMakeLists.txt").read_text()
     defines = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DETB_BUILD_RUNNER=ON",
         "-DETB_ALL_OPS_RUNNER=OFF",
         f"-DCMAKE_CXX_COMPILER={compiler()}",
-        f"-DETB_OPS_YAML_DIR={OPS_YAML_DIR}",
-        f"-DETB_CODEGEN_DIR={PACKAGE_ROOT / 'codegen'}",
+        f"-DETB_OPS_YAML_DIR={root / 'ops_yaml'}",
+        f"-DETB_CODEGEN_DIR={root / 'codegen'}",
         f"-DPython_EXECUTABLE={sys.executable}",
     ]
     if "ETB_ARCH" in cmakelists:  # the ISA level as a cache variable (target.march)
@@ -930,6 +933,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}"
+
+
+def spread(values: list[float]) -> str:
+    """Median [min-max]: a verdict inside the range is the host's noise."""
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def geomean(xs: list[float]) -> float | None:

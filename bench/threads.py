@@ -313,15 +313,11 @@ def log_round_spread(rows, threads: list[int]) -> None:
             one, many = s.get("etbuild@1"), s.get(f"etbuild@{t}")
             x1, xt = s.get("xnnpack@1"), s.get(f"xnnpack@{t}")
             if one and many:
-                cells.append(f"x{t} {spread([a / b for a, b in zip(one, many, strict=False)])}")
+                cells.append(f"x{t} {kb.spread([a / b for a, b in zip(one, many, strict=False)])}")
             if one and many and x1 and xt:
                 change = [(b / d) / (a / c) for a, b, c, d in zip(one, many, x1, xt, strict=False)]
-                cells.append(f"ratio@{t}/@1 {spread(change)}")
+                cells.append(f"ratio@{t}/@1 {kb.spread(change)}")
         kb.log(f"  {name:<16} " + "  ".join(cells))
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 if __name__ == "__main__":
