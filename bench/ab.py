@@ -4,9 +4,10 @@ loaded in this one process, their calls interleaved.
 On a shared host, the speed of a process, and of a machine from one minute to the next, moves
 by tens of percent, more than most kernel changes gain. Here both builds run in the same
 process (each module has its own nanobind domain, so the two import side by side), and every
-round times A and B back to back on the same case and thread count, in alternating order. The
-paired ratio B/A of one round keeps the change's signal when the host's pace drifts; its median
-and range over rounds say how much of a verdict is noise.
+round times A and B back to back on the same case and thread count, in alternating order (a
+sample is the fastest of ``--iters`` runs). The paired ratio B/A of one round keeps the
+change's signal when the host's pace drifts; its median and range over rounds say how much of
+a verdict is noise.
 
 The two runtimes are compiled with every kernel, for the machine (``-march=native``) unless
 ``--level`` says otherwise, in build trees kept under the bench cache, so a second run after
@@ -99,12 +100,13 @@ class Side:
         self.programs = {t: module.load(str(case.pte), threads=t) for t in threads}
 
     def sample(self, threads: int, k: int) -> float:
-        program, times = self.programs[threads], []
+        """The fastest of k runs, in ms: the host's interruptions only ever add time."""
+        program, best = self.programs[threads], float("inf")
         for _ in range(k):
             t0 = time.perf_counter()
             program.run(self.inputs)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+        return best
 
     def output(self, threads: int) -> torch.Tensor:
         return self.programs[threads].run(self.inputs)[0]
