@@ -208,8 +208,10 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
         (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3: each task packs and multiplies a column tile
         (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over image, group, tile
         (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: the threads split rows of tiles
+        # a 28x28 plane: 49 steps of 16 columns dealt into tiles of 6 or 7 (2 threads: 8)
+        (1, 16, 28, 28, 24, 3, 1, 1, 1),
         # weights too big to widen at once: column tiles one after another, each a product
-        # whose B is one block (the last tile has fewer panels than the others)
+        # whose B is one block (tiles of 3 or 4 panels at 2 threads)
         (1, 3, 24, 25, 290, 41, 1, 20, 1),
     ],
 )

@@ -29,6 +29,41 @@ constexpr int64_t kColTileBytes = 64 * 1024;
 constexpr int64_t kColTileBytes = 512 * 1024;
 #endif
 
+// An output plane's P columns cut into im2col tiles, in steps of 16 columns (whole panels of
+// the AVX2 GEMM tile; two panels of the AVX-512 one). Tile i holds the steps
+// [steps * i / count, steps * (i + 1) / count): widths differ by at most one step, so threads
+// that take equally many tiles get equally many columns (a 28x28 plane on 2 threads: 8 tiles
+// of 6 or 7 steps, where tiles of a fixed width made 7 of 7 steps, 4 of them on one thread).
+struct ColumnTiles {
+  static constexpr int64_t kStep = 16;
+  int64_t P, steps, count;
+
+  // At most `max_cols` columns a tile. With threads: at least four tiles a thread, of at least
+  // two steps, where the plane has the steps for them, and a multiple of the thread count
+  // where it has the steps for that.
+  ColumnTiles(int64_t P_, int64_t max_cols, int threads) : P(P_), steps((P_ + kStep - 1) / kStep) {
+    const int64_t per = max_cols / kStep > 1 ? max_cols / kStep : 1;
+    count = (steps + per - 1) / per;
+    if (threads > 1) {
+      const int64_t want = 4 * int64_t(threads) < steps / 2 ? 4 * int64_t(threads) : steps / 2;
+      if (count < want) count = want;
+      const int64_t even = (count + threads - 1) / threads * threads;
+      if (even <= steps) count = even;
+    }
+    if (count < 1) count = 1;
+  }
+  int64_t begin(int64_t i) const { return steps * i / count * kStep; }
+  int64_t end(int64_t i) const {
+    const int64_t e = steps * (i + 1) / count * kStep;
+    return e < P ? e : P;
+  }
+  // Columns of the widest tile (the size of a tile's buffer).
+  int64_t widest() const {
+    const int64_t w = (steps + count - 1) / count * kStep;
+    return w < P ? w : P;
+  }
+};
+
 // Per-output-channel requantization of a GEMM tile into int8 rows of length ldo.
 struct ConvEpilogue {
   const int32_t* wsum;
@@ -82,14 +117,14 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
 }
 
 // The im2col path as one parallel loop: the weights are widened once (unless `pw` has them),
-// then each task packs one column tile (of pc columns) of one image and group into its
-// thread's buffer and multiplies it there.
+// then each task packs one column tile of one image and group into its thread's buffer and
+// multiplies it there.
 Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
                         const int8_t* w, const PreparedWeights& pw, const int32_t* wsum,
-                        const float* mult, const float* bias, const OutQuant& q, int64_t pc,
-                        int8_t* y) {
+                        const float* mult, const float* bias, const OutQuant& q,
+                        const ColumnTiles& ct, int8_t* y) {
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
-  const int64_t P = s.OH * s.OW, tiles = (P + pc - 1) / pc;
+  const int64_t P = s.OH * s.OW, tiles = ct.count, pc = ct.widest();
   const size_t per_thread = (size_t(K * pc) + 63) / 64 * 64 + qgemm_panel_bytes(K);
   const int threads = ctx.num_threads();
   const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_a_bytes(oc_g, K);
@@ -107,8 +142,8 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
   };
   char* scratch = base + a_bytes * size_t(s.groups);
   auto tile = [&](int64_t t, int thread) {
-    const int64_t p0 = (t % tiles) * pc, g = (t / tiles) % s.groups, n = t / (tiles * s.groups);
-    const int64_t cols = P - p0 < pc ? P - p0 : pc;
+    const int64_t i = t % tiles, g = (t / tiles) % s.groups, n = t / (tiles * s.groups);
+    const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
     int8_t* col = reinterpret_cast<int8_t*>(scratch + size_t(thread) * per_thread);
     const int8_t* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
     for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col);
@@ -233,20 +268,16 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   int8_t* col = nullptr;
-  int64_t pc = P;
+  // im2col column tiles within the tile budget (the pointwise path has none).
+  const int threads = ctx.num_threads();
+  int64_t max_cols = (threads <= 4 ? kColTileBytes : 4 * kColTileBytes / threads) / (K > 0 ? K : 1);
+  max_cols = max_cols < 64 ? 64 : (max_cols / 64) * 64;
+  const ColumnTiles ct(P, max_cols, threads);
+  const int64_t pc = pointwise ? P : ct.widest();
   if (!pointwise) {
-    const int threads = ctx.num_threads();
-    pc = (threads <= 4 ? kColTileBytes : 4 * kColTileBytes / threads) / K;
-    pc = pc < 64 ? 64 : (pc / 64) * 64;
-    // With threads, at least four tiles a thread where the plane has columns for them (in
-    // whole panels of 16: a 14x14 plane's 196 columns make 7 tiles).
-    const int64_t share = (P / (4 * threads) + 15) / 16 * 16;
-    if (threads > 1 && share >= 32 && share < pc) pc = share;
-    if (pc > P) pc = P;
-    const int64_t tiles = (P + pc - 1) / pc;
-    if (threads > 1 && tiles >= 2 * threads &&
+    if (threads > 1 && ct.count >= 2 * threads &&
         (pw.packed != nullptr || qgemm_packs_whole_a(s.OC, K)))
-      return conv_column_tiles(ctx, s, x, xzp, w, pw, wsum, mult, bias_f, q, pc, y);
+      return conv_column_tiles(ctx, s, x, xzp, w, pw, wsum, mult, bias_f, q, ct, y);
     Result<void*> tmp = ctx.allocate_temp(size_t(K * pc));
     if (!tmp.ok()) return tmp.error();
     col = static_cast<int8_t*>(tmp.value());
@@ -270,8 +301,8 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
         continue;
       }
       int8_t* yg = e.out;
-      for (int64_t p0 = 0; p0 < P; p0 += pc) {
-        const int64_t cols = P - p0 < pc ? P - p0 : pc;
+      for (int64_t i = 0; i < ct.count; ++i) {
+        const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
         auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col); };
         ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
