@@ -15,8 +15,14 @@ an edit recompiles only what changed. A is ``git archive <rev>`` of runtime_src/
 codegen/; B is the checkout as it is on disk. Every output is checked against torch eager, and
 A's output against B's (kernels that split work the same way give bit-identical results).
 
+``--profile`` adds, per case and thread count, the layers whose time changed most: the
+runtime's profiler times every instruction of a run (the second of two back-to-back runs,
+so the pool's workers are awake), A and B alternating, and each layer's B/A is the median of
+its paired per-run ratios. A layer-level change shows there when the whole model's time is
+too noisy to show it.
+
     python bench/ab.py [--base HEAD] [--models mobilenet resnet18] [--dtypes fp32 int8]
-        [--threads 1 2] [--iters 20] [--rounds 10] [--level native]
+        [--threads 1 2] [--iters 20] [--rounds 10] [--level native] [--profile] [--top 12]
 """
 
 from __future__ import annotations
@@ -111,6 +117,41 @@ class Side:
     def output(self, threads: int) -> torch.Tensor:
         return self.programs[threads].run(self.inputs)[0]
 
+    def profile(self, threads: int) -> list[float]:
+        """Seconds per instruction of one run that follows another (workers awake)."""
+        program = self.programs[threads]
+        program.run(self.inputs)
+        program.run(self.inputs, profile=True)
+        return [entry[1] for entry in program.last_profile]
+
+
+def layer_changes(case: kb.Case, pair: dict[str, Side], threads: int, runs: int, top: int):
+    """The layers whose time changed most from A to B: A's time times the median of the
+    paired per-run ratios (the medians of A's and B's own times drift with the host)."""
+    times: dict[str, list[list[float]]] = {"A": [], "B": []}
+    for r in range(runs):
+        for k in "AB" if r % 2 == 0 else "BA":
+            times[k].append(pair[k].profile(threads))
+    names = [entry[0] for entry in pair["A"].programs[threads].last_profile]
+    instrs = list(getattr(case.program, "instructions", []) or [])
+    rows = []
+    for i, name in enumerate(names):
+        a = statistics.median(run[i] for run in times["A"])
+        b = statistics.median(run[i] for run in times["B"])
+        ratios = [rb[i] / ra[i] for ra, rb in zip(times["A"], times["B"], strict=True) if ra[i]]
+        ratio = statistics.median(ratios) if ratios else 1.0
+        desc = kb.describe(instrs[i]) if len(instrs) == len(names) else ""
+        rows.append((abs(a * (ratio - 1)), i, name, a, b, ratio, desc))  # the paired change
+    total_a = sum(r[3] for r in rows)
+    total_b = sum(r[4] for r in rows)
+    kb.log(
+        f"\n-- {case.name} at {threads} thread(s): A {total_a * 1e3:.2f} ms, B {total_b * 1e3:.2f}"
+        f" ms over {runs} profiled runs each"
+    )
+    kb.log(f"   {'#':>4} {'op':<30} {'A ms':>7} {'B ms':>7} {'B/A':>5}  shapes")
+    for _, i, name, a, b, ratio, desc in sorted(rows, reverse=True)[:top]:
+        kb.log(f"   {i:>4} {name[:30]:<30} {a * 1e3:7.3f} {b * 1e3:7.3f} {ratio:5.2f}  {desc}")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -122,6 +163,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     parser.add_argument("--level", default="native", help="-march of both builds")
     parser.add_argument("--transformer-int8", default="ptq", choices=("ptq", "dynamic"))
+    parser.add_argument("--profile", action="store_true", help="per-layer changes, A to B")
+    parser.add_argument("--top", type=int, default=12, help="layers shown per profile")
     args = parser.parse_args()
 
     info = kb.cpu_info()
@@ -139,10 +182,12 @@ def main() -> int:
     }
 
     with tempfile.TemporaryDirectory(prefix="etb_ab_") as tmp:
+        cases: dict[str, kb.Case] = {}
         sides: dict[str, dict[str, Side]] = {}
         for model in args.models:
             for dtype in args.dtypes:
                 case = kb.build_case(model, dtype, Path(tmp), args.transformer_int8)
+                cases[case.name] = case
                 sides[case.name] = {k: Side(m, case, args.threads) for k, m in modules.items()}
                 for t in args.threads:
                     a, b = (sides[case.name][k].output(t) for k in "AB")
@@ -167,6 +212,10 @@ def main() -> int:
                     for k in order:
                         ms.setdefault((name, t, k), []).append(pair[k].sample(t, args.iters))
             kb.log(f"  round {r + 1}/{args.rounds}")
+        if args.profile:
+            for name, pair in sides.items():
+                for t in args.threads:
+                    layer_changes(cases[name], pair, t, args.rounds * 2, args.top)
 
     kb.log(f"\n{'case':<20} {'threads':>7} {'A ms':>8} {'B ms':>8}   B/A per round: median [range]")
     for name in sides:
