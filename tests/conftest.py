@@ -183,13 +183,33 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def sigint_default() -> None:
-    """``preexec_fn`` for a child that a test interrupts with SIGINT: a test session started
-    as a background job inherits SIGINT ignored, and a child (Python among them) that starts
-    with it ignored never sees Ctrl-C."""
+def _sigint_default() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def interruptible_child(cmd: Sequence[str], **popen_kwargs) -> Iterator[subprocess.Popen]:
+    """A child process that a test interrupts with SIGINT, its stdout and stderr piped as text.
+    It starts with SIGINT at its default: a test session started as a background job inherits
+    it ignored, and a child (Python among them) that starts with it ignored never sees Ctrl-C.
+    A child still running when the test leaves (it ignored the signal, or an assertion
+    failed) is killed rather than left looping for hours."""
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_default,
+        **popen_kwargs,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def run_cli(

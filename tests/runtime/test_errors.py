@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from etbuild_test_support import sigint_default
+from etbuild_test_support import interruptible_child
 from rt_helpers import build_with_executorch
 
 
@@ -266,24 +266,12 @@ def test_ctrl_c_interrupts_a_long_run(tmp_path):
         print("again", bool(torch.equal(again, x + x)), flush=True)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", child],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).parent,
-        preexec_fn=sigint_default,
-    )
-    try:
+    with interruptible_child([sys.executable, "-c", child], cwd=Path(__file__).parent) as proc:
         assert proc.stdout.readline().strip() == "running"
         time.sleep(0.5)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:  # a child that ignored the signal would loop for hours
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert time.monotonic() - sent < 3.0
     assert out.split() == ["interrupted", "again", "True"], (out, err)
 

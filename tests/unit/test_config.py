@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from etbuild_test_support import ZOO, compose_config, run_cli, sigint_default
+from etbuild_test_support import ZOO, compose_config, interruptible_child, run_cli
 from omegaconf import OmegaConf
 
 from etbuild.pipeline.cli import build, check_supported
@@ -218,33 +218,17 @@ def test_ctrl_c_stops_etbuild_with_one_line_and_exit_130(tmp_path: Path) -> None
     import os
     import shutil
     import signal
-    import subprocess
     import sys
 
-    proc = subprocess.Popen(
-        [
-            shutil.which("etbuild") or str(Path(sys.executable).parent / "etbuild"),
-            "model=mlp",
-            f"hydra.run.dir={tmp_path}",
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # etbuild flushes
-        preexec_fn=sigint_default,
-    )
-    assert proc.stdout is not None
-    try:
+    etbuild = shutil.which("etbuild") or str(Path(sys.executable).parent / "etbuild")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # etbuild flushes
+    with interruptible_child([etbuild, "model=mlp", f"hydra.run.dir={tmp_path}"], env=env) as proc:
         line = proc.stdout.readline()
         while line and not line.startswith("[1/"):  # the first stage has finished
             line = proc.stdout.readline()
         assert line.startswith("[1/"), line
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, out + err
     assert f"etbuild: interrupted: {tmp_path}" in err and "Traceback" not in err, err
     assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "interrupted"
