@@ -19,7 +19,9 @@ A's output against B's (kernels that split work the same way give bit-identical 
 runtime's profiler times every instruction of a run (the second of two back-to-back runs,
 so the pool's workers are awake), A and B alternating, and each layer's B/A is the median of
 its paired per-run ratios. A layer-level change shows there when the whole model's time is
-too noisy to show it.
+too noisy to show it. Read it against the layers the change did not touch: two builds of the
+same kernels, loaded side by side, have differed by up to 10% in every layer alike (where
+each module's code and buffers land), an offset that a real change stands out from.
 
     python bench/ab.py [--base HEAD] [--models mobilenet resnet18] [--dtypes fp32 int8]
         [--threads 1 2] [--iters 20] [--rounds 10] [--level native] [--profile] [--top 12]
