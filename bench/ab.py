@@ -30,6 +30,7 @@ each module's code and buffers land), an offset that a real change stands out fr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -96,7 +97,7 @@ def build_module(root: Path, name: str, level: str):
             raise SystemExit(f"building {name} failed:\n  " + "\n  ".join(errors))
     (so,) = sorted(build.glob("runtime*.so"))
     module = kb.load_pymod(so, f"ab_{name}")
-    kb.log(f"  {name:<14} {time.perf_counter() - t0:6.1f}s  kernels: {module.kernel_isa()}  {so}")
+    kb.log(f"  {name:<18} {time.perf_counter() - t0:6.1f}s  kernels: {module.kernel_isa()}  {so}")
     return module
 
 
@@ -180,7 +181,12 @@ def main() -> int:
     kb.log(f"A: {args.base} = {base_sha}    B: the working tree{dirty}")
     modules = {
         "A": build_module(base_root, f"base_{base_sha}", args.level),
-        "B": build_module(PACKAGE_ROOT, "worktree", args.level),
+        # One build tree per checkout (CMake refuses a tree configured from another source).
+        "B": build_module(
+            PACKAGE_ROOT,
+            f"worktree_{hashlib.sha1(bytes(PACKAGE_ROOT)).hexdigest()[:8]}",
+            args.level,
+        ),
     }
 
     with tempfile.TemporaryDirectory(prefix="etb_ab_") as tmp:
