@@ -14,20 +14,7 @@
 
 #include <cstdint>
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__SSE2__)
-// GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized where their max/min are inlined
-// (_mm512_undefined_ps, GCC PR 105593): silenced for the lines of those headers only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "kernels/intrinsics.h"
 
 #define ETB_SIMD_INLINE inline __attribute__((always_inline))
 

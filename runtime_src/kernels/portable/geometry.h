@@ -7,11 +7,7 @@
 
 #include "core/span.h"
 
-#if defined(__SSE2__)
-#include <immintrin.h>
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "kernels/intrinsics.h"
 
 namespace etb {
 

@@ -22,9 +22,7 @@
 
 #include <cstring>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "kernels/intrinsics.h"
 
 namespace etb {
 namespace quantized {

@@ -8,11 +8,7 @@
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
 
-#if defined(__AVX2__) || defined(__SSE4_1__)
-#include <immintrin.h>
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "kernels/intrinsics.h"
 
 namespace etb {
 namespace quantized {

@@ -10,11 +10,7 @@
 #include <cstring>
 #include <new>
 
-#if defined(__AVX2__) || defined(__AVX512BW__)
-#include <immintrin.h>
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-#include <arm_neon.h>
-#endif
+#include "kernels/intrinsics.h"
 
 namespace etb {
 namespace quantized {

@@ -7,9 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "kernels/intrinsics.h"
 
 #include "core/error.h"
 #include "core/tensor.h"
