@@ -1,15 +1,16 @@
 // The instruction-set intrinsics of the machine the kernels are compiled for. Every kernel
 // includes them through this header, never directly: the first include of <immintrin.h> in a
 // translation unit is the one that counts, and GCC 12's own AVX-512 headers trip
-// -Wmaybe-uninitialized where their max/min are inlined (_mm512_undefined_ps, GCC PR 105593),
-// which -Werror turns into a failed build on an AVX-512 machine. The warning is silenced for
-// the lines of those headers only.
+// -W(maybe-)uninitialized where their max/min and reductions are inlined (_mm512_undefined_*,
+// GCC PR 105593), which -Werror turns into a failed build on an AVX-512 machine. The warnings
+// are silenced for the lines of those headers only.
 #pragma once
 
 #if defined(__SSE2__)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__)

@@ -50,6 +50,10 @@ ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
   return {_mm512_fmadd_ps(a.v, b.v, c.v)};
 }
+/// The sum of the lanes (in a fixed order).
+ETB_SIMD_INLINE float reduce_add(VecF x) {
+  return _mm512_reduce_add_ps(x.v);
+}
 /// max(lo, x) and min(hi, x) that return x when x is NaN (as torch's clamp does).
 ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
   return {_mm512_max_ps(lo.v, x.v)};
@@ -109,6 +113,11 @@ ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
   return {_mm256_fmadd_ps(a.v, b.v, c.v)};
 }
+ETB_SIMD_INLINE float reduce_add(VecF x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x.v), _mm256_extractf128_ps(x.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
 ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
   return {_mm256_max_ps(lo.v, x.v)};
 }
@@ -160,6 +169,10 @@ ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {  // no FMA before x86-64-v3
   return {_mm_add_ps(_mm_mul_ps(a.v, b.v), c.v)};
 }
+ETB_SIMD_INLINE float reduce_add(VecF x) {
+  const __m128 s = _mm_add_ps(x.v, _mm_movehl_ps(x.v, x.v));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
 ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
   return {_mm_max_ps(lo.v, x.v)};
 }
@@ -209,6 +222,9 @@ ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
   return {vfmaq_f32(c.v, a.v, b.v)};
 }
+ETB_SIMD_INLINE float reduce_add(VecF x) {
+  return vaddvq_f32(x.v);
+}
 // NEON's max/min return NaN when either operand is NaN.
 ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
   return {vmaxq_f32(lo.v, x.v)};
@@ -253,6 +269,9 @@ ETB_SIMD_INLINE VecF operator*(VecF a, VecF b) {
 }
 ETB_SIMD_INLINE VecF fma(VecF a, VecF b, VecF c) {
   return {a.v * b.v + c.v};
+}
+ETB_SIMD_INLINE float reduce_add(VecF x) {
+  return x.v;
 }
 ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
   return {x.v < lo.v ? lo.v : x.v};

@@ -45,6 +45,7 @@ def _check(rt, pipeline_program, module, inputs):
 SHAPES = [  # (M, K, N): M 1 and 2 take the wide tiles with depth blocks of 64
     (1, 1, 1), (1, 200, 1000), (1, 65, 33), (2, 130, 17), (2, 7, 64),
     (3, 33, 9), (6, 16, 16), (7, 100, 47), (13, 64, 129), (33, 5, 250),
+    (1, 300, 1001), (2, 90, 23), (9, 1000, 49), (17, 700, 31), (8, 3, 15),
 ]  # fmt: skip
 
 
@@ -110,3 +111,15 @@ def test_pointwise_and_im2col_convolutions(rt, pipeline_program, seed):
     torch.manual_seed(seed)
     x = torch.randn(rng.randint(1, 2), cin, rng.randint(5, 30), rng.randint(5, 30))
     _check(rt, pipeline_program, module, [x])
+
+
+@pytest.mark.parametrize("cin,cout,h,w", [(960, 22, 7, 7), (160, 13, 7, 7), (40, 9, 14, 14)])
+def test_pointwise_convolution_on_small_planes(rt, pipeline_program, cin, cout, h, w):
+    """Planes whose column count ends in a partial tile (49, 196 columns): the last columns
+    go as narrower tiles and dot products, with the depth split in blocks for 960 channels
+    (the later blocks add to the output, the clamp waits for the last)."""
+    torch.manual_seed(cin + cout)
+    module = nn.Sequential(nn.Conv2d(cin, cout, 1), nn.ReLU6())
+    with torch.no_grad():
+        module[0].weight.normal_(0, cin**-0.5 * 2)
+    _check(rt, pipeline_program, module, [torch.randn(1, cin, h, w)])

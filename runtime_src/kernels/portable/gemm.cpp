@@ -3,8 +3,11 @@
 // broadcasts A[i][k] and multiply-adds it into the row's accumulators. A row of A and a row
 // of B are both contiguous in the layouts the callers have (weights [OC x K] times NCHW
 // activations [K x H*W]; activations [M x K] times transposed weights [K x N]), so nothing is
-// packed per call: only the last N % tile columns of B are copied, once per call, into a
-// zero-padded panel so that the tail tile also runs on full vectors.
+// packed per call. The last columns, when N is not a multiple of the tile width, go on whole
+// vectors as far as they fill them (narrower tiles, B still read in place) and the last
+// N % kW columns as dot products over the depth: their columns of B are copied, transposed,
+// once per call. (A 7x7 plane has 49 columns: as a padded tile its last column would cost
+// as much as 16.)
 //
 // Blocking: columns go in blocks whose K x NC slice of B stays in L2 while every row sliver
 // of A runs over it (the sliver, kMR x K, stays in L1 across the block's tiles).
@@ -35,7 +38,6 @@ constexpr int kMR = 4, kNV = 2, kWideNV = 8;  // 4 x 8: 8 of the 16 xmm register
 #else
 constexpr int kMR = 4, kNV = 4, kWideNV = 4;  // 4 x 4 scalars
 #endif
-constexpr int kMaxNR = (kNV > kWideNV ? kNV : kWideNV) * kW;  // widest tile, in floats
 constexpr int64_t kBlockBytes = 192 << 10;                    // K x NC slice of B per column block
 
 constexpr int64_t kPrefetchRows = 8;  // how far ahead the tile fetches rows of B
@@ -52,32 +54,22 @@ struct TileEpilogue {
   float lo, hi;
 };
 
-// C tile [MR x nr] (nr <= NV * kW) = epilogue(A[MR x K] * B[K x NV*kW]).
+// C tile [MR x NV*kW] = epilogue(A[MR x K] * B[K x NV*kW]).
 template <int MR, int NV>
 __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_t lda,
                                     const float* __restrict b, int64_t ldb, float* __restrict c,
-                                    int64_t ldc, int nr, const TileEpilogue& e) {
+                                    int64_t ldc, const TileEpilogue& e) {
   VecF acc[MR][NV];
-  const bool full = nr == NV * kW;
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      const int cols = nr - v * kW;  // valid lanes of this vector (may be <= 0)
       switch (e.init) {
         case GemmInit::Zero:
         default: acc[i][v] = VecF::zero(); break;
         case GemmInit::RowBias: acc[i][v] = VecF::broadcast(e.bias[i]); break;
-        case GemmInit::ColBias:
-          acc[i][v] = full || cols >= kW ? VecF::load(e.bias + v * kW)
-                      : cols > 0         ? VecF::load_partial(e.bias + v * kW, cols)
-                                         : VecF::zero();
-          break;
-        case GemmInit::C:
-          acc[i][v] = full || cols >= kW ? VecF::load(c + i * ldc + v * kW)
-                      : cols > 0         ? VecF::load_partial(c + i * ldc + v * kW, cols)
-                                         : VecF::zero();
-          break;
+        case GemmInit::ColBias: acc[i][v] = VecF::load(e.bias + v * kW); break;
+        case GemmInit::C: acc[i][v] = VecF::load(c + i * ldc + v * kW); break;
       }
     }
   }
@@ -87,47 +79,123 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   for (int64_t k = 0; k < K; ++k) {
     // Rows of B lie ldb apart (a whole activation plane for a 1x1 convolution): fetch the row
     // a few steps ahead, which the hardware prefetchers do not predict across pages.
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int line = 0; line < (NV * kW * 4 + 63) / 64; ++line)
       __builtin_prefetch(b + kPrefetchRows * ldb + line * 16);
     VecF bv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) bv[v] = VecF::load(b + v * kW);
     b += ldb;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const VecF av = VecF::broadcast(ap[i][k]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] = simd::fma(av, bv[v], acc[i][v]);
     }
   }
   const VecF lo = VecF::broadcast(e.lo), hi = VecF::broadcast(e.hi);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const VecF r = e.clamp ? simd::clamp(acc[i][v], lo, hi) : acc[i][v];
-      const int cols = nr - v * kW;
-      if (full || cols >= kW)
-        r.store(c + i * ldc + v * kW);
-      else if (cols > 0)
-        r.store_partial(c + i * ldc + v * kW, cols);
-    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      (e.clamp ? simd::clamp(acc[i][v], lo, hi) : acc[i][v]).store(c + i * ldc + v * kW);
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, int,
+using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
                         const TileEpilogue&);
 
-// The tile function for mr rows (1 <= mr <= kMR) and NV vectors.
+// The tile function for mr rows (1 <= mr <= MR) and nv vectors (1 <= nv <= NV).
 template <int NV, int... I>
 constexpr TileFn tile_for(int mr, std::integer_sequence<int, I...>) {
   constexpr TileFn fns[] = {&tile<I + 1, NV>...};
   return fns[mr - 1];
 }
 template <int MR, int NV>
-TileFn tile_fn(int mr) {
+TileFn tile_fn(int mr, int nv) {
+  if constexpr (NV > 1)
+    if (nv < NV) return tile_fn<MR, NV - 1>(mr, nv);
   return tile_for<NV>(mr, std::make_integer_sequence<int, MR>());
+}
+
+// sums[i * J + j] = A row i . column j of B, for R rows of A and J columns of B given
+// transposed (bt: J rows of ldbt, the depth contiguous), over depth K.
+template <int R, int J>
+__attribute__((noinline)) void dots(int64_t K, const float* __restrict a, int64_t lda,
+                                    const float* __restrict bt, int64_t ldbt,
+                                    float* __restrict sums) {
+  VecF acc[R][J];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) acc[i][j] = VecF::zero();
+  int64_t k = 0;
+  for (; k + kW <= K; k += kW) {
+    VecF bv[J];
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) bv[j] = VecF::load(bt + j * ldbt + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const VecF av = VecF::load(a + i * lda + k);
+#pragma GCC unroll 2
+      for (int j = 0; j < J; ++j) acc[i][j] = simd::fma(av, bv[j], acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const int n = int(K - k);
+    VecF bv[J];
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) bv[j] = VecF::load_partial(bt + j * ldbt + k, n);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const VecF av = VecF::load_partial(a + i * lda + k, n);
+#pragma GCC unroll 2
+      for (int j = 0; j < J; ++j) acc[i][j] = simd::fma(av, bv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < J; ++j) sums[i * J + j] = simd::reduce_add(acc[i][j]);
+}
+
+// The last r (< kW) columns of an mr-row tile: C[i][j] = epilogue(A row i . column j of B),
+// with bt those columns transposed ([r x ldbt], from the tile's depth on). Rows go MR at a
+// time where the tile has them, columns in pairs.
+template <int MR>
+void dot_columns(int mr, int r, int64_t K, const float* a, int64_t lda, const float* bt,
+                 int64_t ldbt, float* c, int64_t ldc, const TileEpilogue& e) {
+  float sums[MR][kW];
+  for (int i0 = 0; i0 < mr;) {
+    const int rows = mr - i0 >= MR ? MR : 1;
+    for (int j = 0; j < r; j += 2) {
+      float pair[MR * 2];
+      const float* ai = a + i0 * lda;
+      const float* bj = bt + j * ldbt;
+      const int J = r - j >= 2 ? 2 : 1;
+      if (rows == MR)
+        J == 2 ? dots<MR, 2>(K, ai, lda, bj, ldbt, pair) : dots<MR, 1>(K, ai, lda, bj, ldbt, pair);
+      else
+        J == 2 ? dots<1, 2>(K, ai, lda, bj, ldbt, pair) : dots<1, 1>(K, ai, lda, bj, ldbt, pair);
+      for (int i = 0; i < rows; ++i)
+        for (int jj = 0; jj < J; ++jj) sums[i0 + i][j + jj] = pair[i * J + jj];
+    }
+    i0 += rows;
+  }
+  // The epilogue on whole vectors, as a tile's.
+  const VecF lo = VecF::broadcast(e.lo), hi = VecF::broadcast(e.hi);
+  for (int i = 0; i < mr && i < MR; ++i) {  // (mr <= MR: said for the compiler)
+    float* ci = c + i * ldc;
+    VecF v = VecF::load_partial(sums[i], r);
+    switch (e.init) {
+      case GemmInit::Zero:
+      default: break;
+      case GemmInit::RowBias: v = v + VecF::broadcast(e.bias[i]); break;
+      case GemmInit::ColBias: v = v + VecF::load_partial(e.bias, r); break;
+      case GemmInit::C: v = v + VecF::load_partial(ci, r); break;
+    }
+    (e.clamp ? simd::clamp(v, lo, hi) : v).store_partial(ci, r);
+  }
 }
 
 // The blocked product with tiles of up to MR rows and NV vectors, over column blocks of
@@ -150,22 +218,15 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   const int64_t row_tiles = (M + MR - 1) / MR;
   const int64_t col_blocks = (N + nc_block - 1) / nc_block;
   const int64_t depth_blocks = K > 0 ? (K + kc_block - 1) / kc_block : 1;
-  // Only the last column block can end in a partial tile: its last `rem` columns, for the
-  // whole depth, go into a zero-padded [K x tail_w] panel so that the tail tile reads full
-  // vectors. The tasks share it (read only).
+  // Only the last column block can end in a partial tile, of `rem` columns: `tail_nv` whole
+  // vectors read in place, then `dot_cols` (< kW) columns done as dot products, whose columns
+  // of B, for the whole depth, are copied transposed into workspace [dot_cols x K]. The tasks
+  // share it (read only).
   const int64_t nfull_all = N / kNR * kNR;
-  const int rem = int(N - nfull_all);
-  const int tail_nv = rem <= kW ? 1 : NV;
-  const int tail_w = tail_nv * kW;
-  if (rem > 0) {
-    for (int64_t k = 0; k < K; ++k) {
-      const float* src = B + k * ldb + nfull_all;
-      float* dst = workspace + k * tail_w;
-      int j = 0;
-      for (; j < rem; ++j) dst[j] = src[j];
-      for (; j < tail_w; ++j) dst[j] = 0.f;
-    }
-  }
+  const int rem = int(N - nfull_all), tail_nv = rem / kW, dot_cols = rem % kW;
+  const int64_t dot_n0 = N - dot_cols;
+  for (int j = 0; j < dot_cols; ++j)
+    for (int64_t k = 0; k < K; ++k) workspace[j * K + k] = B[k * ldb + dot_n0 + j];
   const bool one_loop = depth_blocks == 1 || depth_in_task;
   // Enough tasks for every thread to get several.
   const int64_t want = 4 * int64_t(ctx.num_threads());
@@ -181,7 +242,7 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     const int64_t kc = min64(kc_block, K - k0);
     const int64_t m0 = rt * MR;
     const int mr = int(min64(MR, M - m0));
-    const TileFn full_tile = tile_fn<MR, NV>(mr);
+    const TileFn full_tile = tile_fn<MR, NV>(mr, NV);
     TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, k0 + kc >= K && ep.clamp.active(),
                    ep.clamp.lo, ep.clamp.hi};
     if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
@@ -192,10 +253,14 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
       const int64_t j = jt * kNR;
       if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
       if (n0 + j + kNR <= N) {
-        full_tile(kc, a, lda, b + j, ldb, c + j, ldc, kNR, e);
-      } else {
-        const TileFn tail_tile = tail_nv == 1 ? tile_fn<MR, 1>(mr) : full_tile;
-        tail_tile(kc, a, lda, workspace + k0 * tail_w, tail_w, c + j, ldc, rem, e);
+        full_tile(kc, a, lda, b + j, ldb, c + j, ldc, e);
+        continue;
+      }
+      if (tail_nv > 0) tile_fn<MR, NV>(mr, tail_nv)(kc, a, lda, b + j, ldb, c + j, ldc, e);
+      if (dot_cols > 0) {
+        const int64_t jd = dot_n0 - n0;
+        if (e.init == GemmInit::ColBias) e.bias = ep.bias + dot_n0;
+        dot_columns<MR>(mr, dot_cols, kc, a, lda, workspace + k0, K, c + jd, ldc, e);
       }
     }
   };
@@ -218,7 +283,7 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
 }  // namespace
 
 size_t sgemm_workspace_bytes(int64_t K) {
-  return size_t(K > 0 ? K : 1) * kMaxNR * sizeof(float);
+  return size_t(K > 0 ? K : 1) * (kW - 1 > 0 ? kW - 1 : 1) * sizeof(float);
 }
 
 void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
