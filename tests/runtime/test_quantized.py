@@ -389,8 +389,9 @@ def test_dynamic_linear_randomized(rt, pipeline_program, seed):
 
 def test_weights_are_prepared_at_load_only_where_the_kernel_packs_them(rt, pipeline_program):
     """Convolutions through the GEMM and linear layers pack their constant weights once, at
-    load: more memory than the int8 weights themselves (widened to int16); a depthwise
-    convolution (its direct kernel reads the weights as stored) and prepare=False take none."""
+    load: more memory than the int8 weights themselves (widened to int16, or with AVX512-VNNI
+    kept as bytes beside a correction per row); a depthwise convolution (its direct kernel
+    reads the weights as stored) and prepare=False take none."""
     gen = torch.Generator().manual_seed(5)
     rng = random.Random(5)
     conv = dict(xs=0.04, xzp=-9, w=i8((24, 16, 3, 3), gen, -127, 127),
@@ -401,7 +402,7 @@ def test_weights_are_prepared_at_load_only_where_the_kernel_packs_them(rt, pipel
                      b=torch.randn(16, generator=gen), groups=16)  # fmt: skip
     x = i8((1, 16, 12, 12), gen)
     pte = str(pipeline_program(conv_module(conv), [x]))
-    assert rt.load(pte).prepared_bytes() >= 2 * 24 * 16 * 9
+    assert rt.load(pte).prepared_bytes() > 24 * 16 * 9
     assert rt.load(pte, prepare=False).prepared_bytes() == 0
     assert rt.load(str(pipeline_program(conv_module(depthwise), [x]))).prepared_bytes() == 0
     linear = Op(
@@ -410,7 +411,7 @@ def test_weights_are_prepared_at_load_only_where_the_kernel_packs_them(rt, pipel
         ws=weight_scales(rng, gen, 40),
     )
     pte = str(pipeline_program(linear, [i8((8, 64), gen)]))
-    assert rt.load(pte).prepared_bytes() >= 2 * 40 * 64
+    assert rt.load(pte).prepared_bytes() > 40 * 64
 
 
 def test_prepared_linear_with_a_dynamic_batch_is_exact_at_every_size(rt, tmp_path):

@@ -1,10 +1,16 @@
 // B is packed in blocks of columns as int16 pairs along K (element pair (k, k+1) of a column
 // side by side), A widened to int16 rows. The micro-kernel then multiplies a
 // broadcast pair of A by a vector of B pairs and adds both products into int32 lanes in one
-// instruction (vpmaddwd, or vpdpwssd with AVX512-VNNI), holding a kMR x kNR tile of
-// accumulators in registers across the whole depth. aarch64 multiplies the two halves of
-// each pair with NEON vmlal on the same packing; elsewhere a plain C++ micro-kernel does.
-// Sums are exact: |int8 * int8| <= 2^14.
+// instruction (vpmaddwd), holding a kMR x kNR tile of accumulators in registers across the
+// whole depth. aarch64 multiplies the two halves of each pair with NEON vmlal on the same
+// packing; elsewhere a plain C++ micro-kernel does. Sums are exact: |int8 * int8| <= 2^14.
+//
+// With AVX512-VNNI the step is four bytes, not two int16: vpdpbusd adds four products of an
+// unsigned byte by a signed byte into each int32 lane, twice vpdpwssd's work per instruction.
+// B (the activations) is packed as bytes x + 128 (unsigned), four consecutive k of a column
+// side by side; A (the weights) stays int8, four k to a broadcast word, and each packed row
+// starts with its correction 128 * sum_k A[i][k], which the tile subtracts: the sums are the
+// same exact int32 values as the other paths' (modulo 2^32, where both wrap alike).
 #include "kernels/quantized/qgemm.h"
 
 #include <cstring>
@@ -44,13 +50,27 @@ constexpr int64_t kSmallN = 4;  // fewer columns: plain dot products
 inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
-inline int64_t pairs(int64_t K) {
-  return (K + 1) / 2;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ETB_QGEMM_U8S8 1
+constexpr int64_t kStepK = 4;      // depth per 32-bit step: four bytes
+constexpr int64_t kHeadWords = 1;  // a packed row of A starts with its correction
+#else
+constexpr int64_t kStepK = 2;  // depth per 32-bit step: an int16 pair
+constexpr int64_t kHeadWords = 0;
+#endif
+
+// 32-bit steps of depth K (the last one zero-padded).
+inline int64_t steps(int64_t K) {
+  return (K + kStepK - 1) / kStepK;
+}
+// 32-bit words of a packed row of A.
+inline int64_t row_words(int64_t K) {
+  return kHeadWords + steps(K);
 }
 
 // Columns of B per packed block for depth K (a multiple of kNR).
 int64_t block_cols(int64_t K) {
-  int64_t nc = kBlockBytes / (pairs(K) * 4);
+  int64_t nc = kBlockBytes / (steps(K) * 4);
   nc = (nc / kNR) * kNR;
   return nc < kNR ? kNR : nc;
 }
@@ -78,23 +98,53 @@ constexpr size_t align64(size_t n) {
 
 // Rows of A packed at a time for depth K (a multiple of kMR; at most M rounded up).
 int64_t chunk_rows(int64_t M, int64_t K) {
-  int64_t rows = (kAChunkBytes / (pairs(K) * 4)) / kMR * kMR;
+  int64_t rows = (kAChunkBytes / (row_words(K) * 4)) / kMR * kMR;
   if (rows < kMR) rows = kMR;
   const int64_t all = (M + kMR - 1) / kMR * kMR;
   return rows < all ? rows : all;
 }
 
-// Packs columns [n0, n0 + nc) of B into panels of kNR columns of int16 pairs.
+// Packs columns [n0, n0 + nc) of B into panels of kNR columns, a 32-bit step per column
+// (an int16 pair, or four bytes x + 128 with ETB_QGEMM_U8S8).
 void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
             int16_t* out) {
-  const int64_t Kp = pairs(K);
+  const int64_t S = steps(K);
   for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
     const int64_t nr = min64(kNR, nc - j0);
-    int16_t* panel = out + (j0 / kNR) * Kp * kNR * 2;
-    for (int64_t kp = 0; kp < Kp; ++kp) {
-      int16_t* __restrict d = panel + kp * kNR * 2;
-      const int8_t* r0 = B + (2 * kp) * b_sk + (n0 + j0) * b_sn;
-      const bool has1 = 2 * kp + 1 < K;
+    int16_t* panel = out + (j0 / kNR) * S * kNR * 2;
+    for (int64_t st = 0; st < S; ++st) {
+#if defined(ETB_QGEMM_U8S8)
+      uint8_t* __restrict d = reinterpret_cast<uint8_t*>(panel + st * kNR * 2);
+      const int8_t* col = B + (kStepK * st) * b_sk + (n0 + j0) * b_sn;
+      const int64_t ks = min64(kStepK, K - kStepK * st);  // depth rows in this step
+      int64_t j0v = 0;
+      if (b_sn == 1) {
+        // 16 columns at a time: the step's rows (zero past the depth), interleaved bytewise
+        // into four bytes a column.
+        const __m128i flip = _mm_set1_epi8(char(0x80));
+        for (; j0v + 16 <= nr; j0v += 16) {
+          __m128i x[4];
+          for (int64_t q = 0; q < 4; ++q)
+            x[q] = q < ks ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + q * b_sk + j0v))
+                          : _mm_setzero_si128();
+          const __m128i lo01 = _mm_unpacklo_epi8(x[0], x[1]), hi01 = _mm_unpackhi_epi8(x[0], x[1]);
+          const __m128i lo23 = _mm_unpacklo_epi8(x[2], x[3]), hi23 = _mm_unpackhi_epi8(x[2], x[3]);
+          const __m128i quads[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
+                                    _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
+          for (int v = 0; v < 4; ++v)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 4 * j0v + 16 * v),
+                             _mm_xor_si128(quads[v], flip));
+        }
+      }
+      for (int64_t j = j0v; j < nr; ++j)
+        for (int64_t q = 0; q < kStepK; ++q)  // past the depth: 128 (x = 0; A is 0 there too)
+          d[4 * j + q] = q < ks ? uint8_t(col[q * b_sk + j * b_sn] ^ 0x80) : uint8_t(0x80);
+      for (int64_t j = nr; j < kNR; ++j)
+        for (int64_t q = 0; q < kStepK; ++q) d[4 * j + q] = 0x80;
+#else
+      int16_t* __restrict d = panel + st * kNR * 2;
+      const int8_t* r0 = B + (2 * st) * b_sk + (n0 + j0) * b_sn;
+      const bool has1 = 2 * st + 1 < K;
       const int8_t* r1 = has1 ? r0 + b_sk : r0;
       if (b_sn == 1 && has1) {
         for (int64_t j = 0; j < nr; ++j) {
@@ -108,17 +158,28 @@ void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, in
         }
       }
       for (int64_t j = nr; j < kNR; ++j) d[2 * j] = d[2 * j + 1] = 0;
+#endif
     }
   }
 }
 
-// Widens rows [m0, m0 + mr) of A to int16, row i at out + i * 2 * Kp (an odd K gets a zero
-// at the end of each row), so the micro-kernel broadcasts pair kp of row i from one int32.
+// Packs rows [m0, m0 + mr) of A, row i at out + i * 2 * row_words(K): widened to int16 (an
+// odd K gets a zero at the end of each row), so the micro-kernel broadcasts pair kp of row i
+// from one int32; with ETB_QGEMM_U8S8, the correction word then the bytes, zero-padded to
+// whole steps.
 void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int16_t* out) {
-  const int64_t Kp = pairs(K);
   for (int64_t i = 0; i < mr; ++i) {
     const int8_t* __restrict a = A + (m0 + i) * lda;
-    int16_t* __restrict d = out + i * 2 * Kp;
+    int16_t* __restrict d = out + i * 2 * row_words(K);
+#if defined(ETB_QGEMM_U8S8)
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += a[k];
+    const int32_t correction = 128 * sum;
+    std::memcpy(d, &correction, sizeof(correction));
+    int8_t* bytes = reinterpret_cast<int8_t*>(d + 2 * kHeadWords);
+    std::memcpy(bytes, a, size_t(K));
+    for (int64_t k = K; k < steps(K) * kStepK; ++k) bytes[k] = 0;
+#else
     int64_t k = 0;
 #if defined(__AVX2__)
     for (; k + 16 <= K; k += 16) {
@@ -128,10 +189,11 @@ void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int
 #endif
     for (; k < K; ++k) d[k] = a[k];
     if (K & 1) d[K] = 0;
+#endif
   }
 }
 
-// The int16 pair at p as one int32 (for a broadcast).
+// The 32-bit step at p as one int32 (for a broadcast).
 inline int32_t load_pair(const int16_t* p) {
   int32_t pair;
   std::memcpy(&pair, p, sizeof(pair));
@@ -141,15 +203,28 @@ inline int32_t load_pair(const int16_t* p) {
 // A tile of kMR rows x (kVecs * kNR / 2) columns: kVecs = 2 is the full panel, 1 its left
 // half (for a last panel of at most kNR / 2 columns, which would otherwise waste half the
 // multiplies on padding).
-#if defined(__AVX512BW__)
-inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, a, b);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-#endif
+#if defined(ETB_QGEMM_U8S8)
+template <int kVecs>
+void micro_kernel(int64_t S, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+  __m512i c[kMR][kVecs];
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_setzero_si512();
+  for (int64_t st = 0; st < S; ++st) {
+    __m512i b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = _mm512_loadu_si512(bp + 32 * v);
+    for (int64_t i = 0; i < kMR; ++i) {
+      const __m512i a = _mm512_set1_epi32(load_pair(ar[i] + 2 * (kHeadWords + st)));
+      for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_dpbusd_epi32(c[i][v], b[v], a);
+    }
+    bp += 2 * kNR;
+  }
+  for (int64_t i = 0; i < kMR; ++i) {
+    const __m512i correction = _mm512_set1_epi32(load_pair(ar[i]));
+    for (int v = 0; v < kVecs; ++v)
+      _mm512_storeu_si512(tile + i * kNR + 16 * v, _mm512_sub_epi32(c[i][v], correction));
+  }
 }
-
+#elif defined(__AVX512BW__)
 template <int kVecs>
 void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
   __m512i c[kMR][kVecs];
@@ -160,7 +235,7 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
     for (int v = 0; v < kVecs; ++v) b[v] = _mm512_loadu_si512(bp + 32 * v);
     for (int64_t i = 0; i < kMR; ++i) {
       const __m512i a = _mm512_set1_epi32(load_pair(ar[i] + 2 * kp));
-      for (int v = 0; v < kVecs; ++v) c[i][v] = dot_pairs(c[i][v], a, b[v]);
+      for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_add_epi32(c[i][v], _mm512_madd_epi16(a, b[v]));
     }
     bp += 2 * kNR;
   }
@@ -231,12 +306,12 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
 #endif
 
 // The sums of one sliver and one panel of which the first nr columns are delivered.
-inline void multiply_tile(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int64_t nr,
+inline void multiply_tile(int64_t S, const int16_t* const* ar, const int16_t* bp, int64_t nr,
                           int32_t* tile) {
   if (nr <= kNR / 2) {
-    micro_kernel<1>(Kp, ar, bp, tile);
+    micro_kernel<1>(S, ar, bp, tile);
   } else {
-    micro_kernel<2>(Kp, ar, bp, tile);
+    micro_kernel<2>(S, ar, bp, tile);
   }
 }
 
@@ -298,9 +373,10 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
 
 // The rows of packed A that sliver t (mr of its rows within A) reads: rows past the end
 // repeat the last row (their sums are not delivered).
-inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t Kp,
+inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t K,
                         const int16_t* ar[kMR]) {
-  for (int64_t i = 0; i < kMR; ++i) ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * Kp * 2;
+  for (int64_t i = 0; i < kMR; ++i)
+    ar[i] = apack + (t * kMR + (i < mr ? i : mr - 1)) * row_words(K) * 2;
 }
 
 // Columns [n_begin, n_end) of B times the M packed rows of A (rows m_base.. of the caller's
@@ -309,7 +385,7 @@ inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t Kp,
 void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack, int64_t n_begin,
                      int64_t n_end, const int8_t* B, int64_t b_sk, int64_t b_sn, int16_t* panel,
                      QTileFn fn, void* ctx) {
-  const int64_t Kp = pairs(K);
+  const int64_t S = steps(K);
   alignas(64) int32_t tile[kMR * kNR];
   const int16_t* ar[kMR];
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kNR) {
@@ -317,8 +393,8 @@ void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack,
     pack_b(K, n0, nr, B, b_sk, b_sn, panel);
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = min64(kMR, M - m0);
-      sliver_rows(apack, m0 / kMR, mr, Kp, ar);
-      multiply_tile(Kp, ar, panel, nr, tile);
+      sliver_rows(apack, m0 / kMR, mr, K, ar);
+      multiply_tile(S, ar, panel, nr, tile);
       fn(ctx, m_base + m0, n0, mr, nr, tile, kNR);
     }
   }
@@ -327,7 +403,7 @@ void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack,
 }  // namespace
 
 size_t qgemm_packed_a_bytes(int64_t M, int64_t K) {
-  return align64(size_t((M + kMR - 1) / kMR * kMR) * size_t(pairs(K > 0 ? K : 1)) * 4);
+  return align64(size_t((M + kMR - 1) / kMR * kMR) * size_t(row_words(K > 0 ? K : 1)) * 4);
 }
 
 bool qgemm_packs_whole_a(int64_t M, int64_t K) {
@@ -335,15 +411,14 @@ bool qgemm_packs_whole_a(int64_t M, int64_t K) {
 }
 
 size_t qgemm_panel_bytes(int64_t K) {
-  return align64(size_t(pairs(K > 0 ? K : 1)) * kNR * 4);
+  return align64(size_t(steps(K > 0 ? K : 1)) * kNR * 4);
 }
 
 void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
                   int16_t* out) {
-  const int64_t Kp = pairs(K);
   auto rows = [&](int64_t t, int) {
     const int64_t m0 = t * kMR;
-    pack_a(K, m0, min64(kMR, M - m0), A, lda, out + t * Kp * kMR * 2);
+    pack_a(K, m0, min64(kMR, M - m0), A, lda, out + t * row_words(K) * kMR * 2);
   };
   kctx.parallel_for((M + kMR - 1) / kMR, rows);
 }
@@ -355,12 +430,12 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
 }
 
 size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
-  const size_t Kp = size_t(pairs(K > 0 ? K : 1));
+  const size_t S = size_t(steps(K > 0 ? K : 1)), R = size_t(row_words(K > 0 ? K : 1));
   // Room for the B block of a product of any N' <= N columns.
   const int64_t few = threads > 1 ? min64(N, (kColumnSplitPanels * threads - 1) * kNR) : 0;
   const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = b_block_cols(N, K, 1);
-  return align64(size_t(few_cols > cols ? few_cols : cols) * Kp * 4) +
-         align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * Kp * 4);
+  return align64(size_t(few_cols > cols ? few_cols : cols) * S * 4) +
+         align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * R * 4);
 }
 
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
@@ -449,14 +524,14 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   }
   // A is packed in chunks of rows once, then every block of B columns is packed once and
   // multiplied by every packed sliver of the chunk.
-  const int64_t Kp = pairs(K);
+  const int64_t S = steps(K);
   const int threads = kctx.num_threads();
   // A widened ahead of time is one chunk: nothing is left to pack per chunk.
   const int64_t nc_max = b_block_cols(N, K, threads);
   const int64_t mc_max = apacked != nullptr ? M : chunk_rows(M, K);
   int16_t* bpack = static_cast<int16_t*>(workspace);
   int16_t* achunk = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
-                                               align64(size_t(nc_max) * size_t(Kp) * 4));
+                                               align64(size_t(nc_max) * size_t(S) * 4));
   const int16_t* apack = apacked != nullptr ? apacked : achunk;
   const int64_t panels = (N + kNR - 1) / kNR;
   const bool split_columns =
@@ -471,7 +546,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
       auto columns = [&](int64_t r, int thread) {
         multiply_panels(mc0, mc, K, apack, panels * r / runs * kNR,
                         min64(N, panels * (r + 1) / runs * kNR), B, b_sk, b_sn,
-                        bpack + thread * Kp * kNR * 2, fn, ctx);
+                        bpack + thread * S * kNR * 2, fn, ctx);
       };
       kctx.parallel_for(runs, columns);
       continue;
@@ -480,17 +555,17 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
       const int64_t nc = min64(nc_max, N - n0);
       auto pack = [&](int64_t panel, int) {
         const int64_t j0 = panel * kNR;
-        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * Kp * kNR * 2);
+        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2);
       };
       kctx.parallel_for((nc + kNR - 1) / kNR, pack);
       auto rows = [&](int64_t t, int) {
         alignas(64) int32_t tile[kMR * kNR];
         const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
         const int16_t* ar[kMR];
-        sliver_rows(apack, t, mr, Kp, ar);
+        sliver_rows(apack, t, mr, K, ar);
         for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
           const int64_t nr = min64(kNR, nc - j0);
-          multiply_tile(Kp, ar, bpack + (j0 / kNR) * Kp * kNR * 2, nr, tile);
+          multiply_tile(S, ar, bpack + (j0 / kNR) * S * kNR * 2, nr, tile);
           fn(ctx, m0, n0 + j0, mr, nr, tile, kNR);
         }
       };
