@@ -2,7 +2,8 @@
 
 ``etb_runner`` (every kernel, no selection) is built once per session for each instruction-set
 level the config can ask for: ``target.march=x86-64`` (SSE2), ``x86-64-v3`` (AVX2 + FMA),
-``x86-64-v4`` (AVX-512, when this CPU has it) and ``+target=linux_aarch64`` (NEON, built with
+``x86-64-v4`` (AVX-512, when this CPU has it), ``cascadelake`` (AVX-512 with VNNI, which the
+int8 GEMM uses, when this CPU has it) and ``+target=linux_aarch64`` (NEON, built with
 the cross compiler and run under qemu-aarch64, when both are installed; CI installs them). Each
 runner must report the path it was built for (``--isa``, and the build stage's reading of the
 compile flags), then run one program against torch: convolutions on randomized shapes (odd
@@ -64,6 +65,14 @@ BUILDS = [
     ("x86-64", "sse2", ["target.march=x86-64"], X86, "not an x86-64 machine"),
     ("x86-64-v3", "avx2", ["target.march=x86-64-v3"], X86 and V3 <= CPU, "no AVX2/FMA here"),
     ("x86-64-v4", "avx512", ["target.march=x86-64-v4"], X86 and V4 <= CPU, "no AVX-512 here"),
+    # AVX512-VNNI: the int8 GEMM's vpdpbusd path (activations as unsigned bytes)
+    (
+        "cascadelake",
+        "avx512",
+        ["target.march=cascadelake"],
+        X86 and V4 | {"avx512_vnni"} <= CPU,
+        "no AVX512-VNNI here",
+    ),
     (
         "linux_aarch64",
         "neon",
@@ -73,7 +82,13 @@ BUILDS = [
     ),
 ]
 PARAMS = [
-    pytest.param(name, isa, overrides, id=isa, marks=pytest.mark.skipif(not ok, reason=why))
+    pytest.param(
+        name,
+        isa,
+        overrides,
+        id=isa if name != "cascadelake" else "avx512-vnni",
+        marks=pytest.mark.skipif(not ok, reason=why),
+    )
     for name, isa, overrides, ok, why in BUILDS
 ]
 
