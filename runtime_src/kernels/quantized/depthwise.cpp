@@ -17,7 +17,8 @@
 // the pairs of consecutive outputs are consecutive 32-bit lanes; with stride 1 a load gives
 // every other output, so even and odd outputs are summed apart and interleaved at the end.
 // 16 outputs are requantized in two vectors and stored as 16 bytes into a flat int8 plane,
-// whose valid columns are then copied out. Elsewhere a plain C++ loop does the same sums.
+// whose valid columns are then copied out. With AVX-512 the same runs on 512-bit vectors, 32
+// outputs a step. Elsewhere a plain C++ loop does the same sums.
 #include "kernels/quantized/depthwise.h"
 
 #include <cstring>
@@ -28,8 +29,13 @@ namespace etb {
 namespace quantized {
 namespace {
 
-constexpr int64_t kSlack = 64;  // zeroed int16 past each plane: room for vector over-reads
-constexpr int64_t kBlock = 16;  // outputs per vector step
+#if defined(__AVX512BW__)
+constexpr int64_t kBlock = 32;  // outputs per vector step
+#else
+constexpr int64_t kBlock = 16;
+#endif
+constexpr int64_t kSlack = 4 * kBlock;  // zeroed int16 past each plane: room for over-reads
+constexpr int64_t kMove = 16;           // bytes per move when the valid columns are copied out
 
 inline size_t align64(size_t n) {
   return (n + 63) & ~size_t(63);
@@ -108,6 +114,56 @@ inline void widen_row(const int8_t* src, int64_t n, int16_t zp, int16_t* d) {
   }
 }
 
+#if defined(__AVX512BW__)
+inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// One output channel: flat int8 outputs [0, nq) rounded up to kBlock into `out`.
+template <int K, int S>
+void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, float b,
+                const OutQuant& q, int8_t* out) {
+  constexpr int M = (K + 1) / 2;  // tap pairs per kernel row
+  __m512i wv[K][M];
+  for (int kh = 0; kh < K; ++kh) {
+    for (int m = 0; m < M; ++m) {
+      const uint32_t lo = uint16_t(int16_t(w[kh * K + 2 * m]));
+      const uint32_t hi = 2 * m + 1 < K ? uint16_t(int16_t(w[kh * K + 2 * m + 1])) : 0u;
+      wv[kh][m] = _mm512_set1_epi32(int32_t(lo | (hi << 16)));
+    }
+  }
+  const __m512 muv = _mm512_set1_ps(mu), bv = _mm512_set1_ps(b);
+  const OutQuant16 v(q);
+  for (int64_t q0 = 0; q0 < nq; q0 += kBlock) {
+    // S == 1: a0 holds outputs q0 + 0, 2, ..., 30 and a1 q0 + 1, 3, ..., 31;
+    // S == 2: a0 holds outputs q0 + 0..15 and a1 q0 + 16..31.
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    for (int kh = 0; kh < K; ++kh) {
+      const int16_t* r = R[kh] + S * q0;
+      for (int m = 0; m < M; ++m) {
+        a0 = dot_pairs(a0, _mm512_loadu_si512(r + 2 * m), wv[kh][m]);
+        a1 = dot_pairs(a1, _mm512_loadu_si512(r + (S == 1 ? 1 : 32) + 2 * m), wv[kh][m]);
+      }
+    }
+    const __m128i e0 = _mm512_cvtepi32_epi8(
+        quantize16(_mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a0), muv), bv), v));
+    const __m128i e1 = _mm512_cvtepi32_epi8(
+        quantize16(_mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a1), muv), bv), v));
+    __m128i* o = reinterpret_cast<__m128i*>(out + q0);
+    if (S == 1) {  // even and odd outputs interleaved
+      _mm_storeu_si128(o, _mm_unpacklo_epi8(e0, e1));
+      _mm_storeu_si128(o + 1, _mm_unpackhi_epi8(e0, e1));
+    } else {
+      _mm_storeu_si128(o, e0);
+      _mm_storeu_si128(o + 1, e1);
+    }
+  }
+}
+#else
 // One output channel: flat int8 outputs [0, nq) rounded up to kBlock into `out`.
 template <int K, int S>
 void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, float b,
@@ -145,6 +201,7 @@ void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + q0), bytes);
   }
 }
+#endif
 
 template <int K, int S>
 void plane(const int16_t* const* R, const Planes& pl, const ConvShape& s, const int8_t* w, float mu,
@@ -152,7 +209,7 @@ void plane(const int16_t* const* R, const Planes& pl, const ConvShape& s, const 
   plane_simd<K, S>(R, pl.nq, w, mu, b, q, flat);
   // Valid columns out, in 16-byte moves while they stay inside the plane (a move past the
   // end of a row only writes rows that are copied after it).
-  const int64_t OW = s.OW, P = s.OH * OW, span = (OW + kBlock - 1) / kBlock * kBlock;
+  const int64_t OW = s.OW, P = s.OH * OW, span = (OW + kMove - 1) / kMove * kMove;
   for (int64_t oh = 0; oh < s.OH; ++oh) {
     const int8_t* src = flat + oh * pl.QW;
     int8_t* dst = y + oh * OW;
@@ -160,7 +217,7 @@ void plane(const int16_t* const* R, const Planes& pl, const ConvShape& s, const 
       std::memcpy(dst, src, size_t(OW));
       continue;
     }
-    for (int64_t i = 0; i < OW; i += kBlock)
+    for (int64_t i = 0; i < OW; i += kMove)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
   }
@@ -210,7 +267,7 @@ PlaneFn plane_fn(int64_t K, int64_t S) {
 // Scratch of one thread: the padded int16 planes and the flat int8 outputs.
 size_t thread_temp_bytes(const Planes& p) {
   // The flat outputs, rounded up to whole vectors, and room for the copy's last 16-byte move.
-  const size_t flat = kVector ? size_t((p.nq + kBlock - 1) / kBlock * kBlock + kBlock) : 0;
+  const size_t flat = kVector ? size_t((p.nq + kBlock - 1) / kBlock * kBlock + kMove) : 0;
   return align64(size_t(plane_elems(p)) * sizeof(int16_t)) + align64(flat);
 }
 

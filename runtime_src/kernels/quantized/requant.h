@@ -61,27 +61,43 @@ inline void store_int8x8(__m256i lanes, int8_t* out) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/// OutQuant broadcast to 16 lanes.
+struct OutQuant16 {
+  __m512 inv, zp, lo, hi;
+  explicit OutQuant16(const OutQuant& q)
+      : inv(_mm512_set1_ps(q.inv)),
+        zp(_mm512_set1_ps(q.zp)),
+        lo(_mm512_set1_ps(q.lo)),
+        hi(_mm512_set1_ps(q.hi)) {}
+};
+
+/// quantize8 on 16 lanes: the same float32 operations in the same order (roundscale to
+/// nearest even; max/min return the bound for a NaN lane).
+inline __m512i quantize16(__m512 y, const OutQuant16& v) {
+  __m512 r =
+      _mm512_roundscale_ps(_mm512_mul_ps(y, v.inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm512_add_ps(r, v.zp);
+  r = _mm512_max_ps(r, v.lo);
+  r = _mm512_min_ps(r, v.hi);
+  return _mm512_cvttps_epi32(r);  // integral and within [-128, 127]
+}
+#endif
+
 /// out[j] = quantize_one(float(acc[j] - corr) * mu + b, q) for j < n: a row of a GEMM tile
 /// requantized per output channel.
 inline void requantize_row(const int32_t* __restrict acc, int64_t n, int32_t corr, float mu,
                            float b, const OutQuant& q, int8_t* __restrict out) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  {  // 16 lanes: the same float32 operations in the same order (roundscale to nearest even,
-     // max/min that return the bound for NaN)
-    const __m512i c = _mm512_set1_epi32(corr);
-    const __m512 muv = _mm512_set1_ps(mu), bv = _mm512_set1_ps(b), inv = _mm512_set1_ps(q.inv);
-    const __m512 zp = _mm512_set1_ps(q.zp), lo = _mm512_set1_ps(q.lo), hi = _mm512_set1_ps(q.hi);
-    for (; j + 16 <= n; j += 16) {
-      const __m512i a = _mm512_loadu_si512(acc + j);
-      const __m512 y =
-          _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, c)), muv), bv);
-      __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(y, inv),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      r = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, zp), lo), hi);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j),
-                       _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
-    }
+  const OutQuant16 v16(q);
+  const __m512i c16 = _mm512_set1_epi32(corr);
+  const __m512 mu16 = _mm512_set1_ps(mu), b16 = _mm512_set1_ps(b);
+  for (; j + 16 <= n; j += 16) {
+    const __m512i a = _mm512_loadu_si512(acc + j);
+    const __m512 y =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a, c16)), mu16), b16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(quantize16(y, v16)));
   }
 #endif
 #if defined(__AVX2__)
