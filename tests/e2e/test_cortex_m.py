@@ -440,19 +440,19 @@ def test_the_firmware_takes_the_kernels_scratch_from_the_planned_region(
 def test_too_small_a_scratch_region_is_reported_with_its_numbers_and_fix(
     m4_build: Path, tmp_path: Path
 ) -> None:
-    """1 KiB of planned scratch: the kernel's error comes out of the board with its numbers
+    """64 bytes of planned scratch: the kernel's error comes out of the board with its numbers
     (the runtime's own formatter: newlib-nano would print "zu"), and etbuild says what to set."""
     import re
 
     from etbuild.pipeline.errors import EtbuildError
 
-    firmware, board, elf, reference, _ = _firmware_with_scratch(m4_build, tmp_path, 0, 1024)
+    firmware, board, elf, reference, _ = _firmware_with_scratch(m4_build, tmp_path, 0, 64)
     with pytest.raises(EtbuildError) as err:
         firmware.run("qemu-system-arm", board, elf, reference["inputs"], tmp_path, 60)
     message = str(err.value)
     found = re.search(
         r"instruction (\d+) \(aten::\w+\.out\): kernel temp allocator cannot provide (\d+) "
-        r"bytes \(size 1024, used (\d+)\)",
+        r"bytes \(size 64, used (\d+)\)",
         message,
     )
     assert found, message
