@@ -69,28 +69,6 @@ int64_t plane_elems(const Planes& p) {
 #if defined(__AVX2__)
 constexpr bool kVector = true;
 
-inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
-
-inline __m256i load16(const int16_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-// quantize_one(float(acc) * mu + b, q) on 8 lanes (requant.h's quantize8).
-struct QuantV {
-  __m256 mu, b;
-  OutQuant8 q;
-};
-
-inline __m256i requant8(__m256i acc, const QuantV& v) {
-  return quantize8(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), v.mu), v.b), v.q);
-}
-
 // d[i] = src[i] - zp for i < n; the last vector overlaps the previous one instead of a tail.
 inline void widen_row(const int8_t* src, int64_t n, int16_t zp, int16_t* d) {
   if (n >= 16) {
@@ -164,6 +142,28 @@ void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, 
   }
 }
 #else
+inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline __m256i load16(const int16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// quantize_one(float(acc) * mu + b, q) on 8 lanes (requant.h's quantize8).
+struct QuantV {
+  __m256 mu, b;
+  OutQuant8 q;
+};
+
+inline __m256i requant8(__m256i acc, const QuantV& v) {
+  return quantize8(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), v.mu), v.b), v.q);
+}
+
 // One output channel: flat int8 outputs [0, nq) rounded up to kBlock into `out`.
 template <int K, int S>
 void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, float b,
