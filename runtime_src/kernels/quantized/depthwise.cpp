@@ -69,6 +69,14 @@ int64_t plane_elems(const Planes& p) {
 #if defined(__AVX2__)
 constexpr bool kVector = true;
 
+// Taps (2m, 2m + 1) of kernel row kh as one int32 of two int16 (the odd tap past the row's
+// end is zero), the operand a 32-bit lane of the padded rows is multiplied by.
+inline int32_t tap_pair(const int8_t* w, int K, int kh, int m) {
+  const uint32_t lo = uint16_t(int16_t(w[kh * K + 2 * m]));
+  const uint32_t hi = 2 * m + 1 < K ? uint16_t(int16_t(w[kh * K + 2 * m + 1])) : 0u;
+  return int32_t(lo | (hi << 16));
+}
+
 // d[i] = src[i] - zp for i < n; the last vector overlaps the previous one instead of a tail.
 inline void widen_row(const int8_t* src, int64_t n, int16_t zp, int16_t* d) {
   if (n >= 16) {
@@ -107,13 +115,8 @@ void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, 
                 const OutQuant& q, int8_t* out) {
   constexpr int M = (K + 1) / 2;  // tap pairs per kernel row
   __m512i wv[K][M];
-  for (int kh = 0; kh < K; ++kh) {
-    for (int m = 0; m < M; ++m) {
-      const uint32_t lo = uint16_t(int16_t(w[kh * K + 2 * m]));
-      const uint32_t hi = 2 * m + 1 < K ? uint16_t(int16_t(w[kh * K + 2 * m + 1])) : 0u;
-      wv[kh][m] = _mm512_set1_epi32(int32_t(lo | (hi << 16)));
-    }
-  }
+  for (int kh = 0; kh < K; ++kh)
+    for (int m = 0; m < M; ++m) wv[kh][m] = _mm512_set1_epi32(tap_pair(w, K, kh, m));
   const __m512 muv = _mm512_set1_ps(mu), bv = _mm512_set1_ps(b);
   const OutQuant16 v(q);
   for (int64_t q0 = 0; q0 < nq; q0 += kBlock) {
@@ -170,13 +173,8 @@ void plane_simd(const int16_t* const* R, int64_t nq, const int8_t* w, float mu, 
                 const OutQuant& q, int8_t* out) {
   constexpr int M = (K + 1) / 2;  // tap pairs per kernel row
   __m256i wv[K][M];
-  for (int kh = 0; kh < K; ++kh) {
-    for (int m = 0; m < M; ++m) {
-      const uint32_t lo = uint16_t(int16_t(w[kh * K + 2 * m]));
-      const uint32_t hi = 2 * m + 1 < K ? uint16_t(int16_t(w[kh * K + 2 * m + 1])) : 0u;
-      wv[kh][m] = _mm256_set1_epi32(int32_t(lo | (hi << 16)));
-    }
-  }
+  for (int kh = 0; kh < K; ++kh)
+    for (int m = 0; m < M; ++m) wv[kh][m] = _mm256_set1_epi32(tap_pair(w, K, kh, m));
   const QuantV v{_mm256_set1_ps(mu), _mm256_set1_ps(b), OutQuant8(q)};
   for (int64_t q0 = 0; q0 < nq; q0 += kBlock) {
     // S == 1: a0 holds outputs q0 + 0, 2, ..., 14 and a1 q0 + 1, 3, ..., 15;
