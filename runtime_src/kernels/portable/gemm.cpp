@@ -38,7 +38,7 @@ constexpr int kMR = 4, kNV = 2, kWideNV = 8;  // 4 x 8: 8 of the 16 xmm register
 #else
 constexpr int kMR = 4, kNV = 4, kWideNV = 4;  // 4 x 4 scalars
 #endif
-constexpr int64_t kBlockBytes = 192 << 10;                    // K x NC slice of B per column block
+constexpr int64_t kBlockBytes = 192 << 10;  // K x NC slice of B per column block
 
 constexpr int64_t kPrefetchRows = 8;  // how far ahead the tile fetches rows of B
 

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "core/span.h"
-
 #include "kernels/intrinsics.h"
 
 namespace etb {

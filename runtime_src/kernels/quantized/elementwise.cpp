@@ -3,12 +3,11 @@
 // (pipeline/quant/ops.py).
 #include <algorithm>
 
+#include "kernels/intrinsics.h"
 #include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
-
-#include "kernels/intrinsics.h"
 
 namespace etb {
 namespace quantized {

@@ -235,7 +235,8 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
     for (int v = 0; v < kVecs; ++v) b[v] = _mm512_loadu_si512(bp + 32 * v);
     for (int64_t i = 0; i < kMR; ++i) {
       const __m512i a = _mm512_set1_epi32(load_pair(ar[i] + 2 * kp));
-      for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_add_epi32(c[i][v], _mm512_madd_epi16(a, b[v]));
+      for (int v = 0; v < kVecs; ++v)
+        c[i][v] = _mm512_add_epi32(c[i][v], _mm512_madd_epi16(a, b[v]));
     }
     bp += 2 * kNR;
   }

@@ -7,10 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/intrinsics.h"
-
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/intrinsics.h"
 
 namespace etb {
 namespace quantized {
