@@ -187,7 +187,24 @@ def test_conv2d_paths(rt, pipeline_program, shape):
     run_conv_shape(rt, pipeline_program, shape)
 
 
-def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
+@pytest.mark.parametrize(
+    "shape, dilation",
+    [
+        # the taps path (an implicit GEMM over the input split into its stride's phases)
+        ((1, 8, 20, 23, 12, 3, 4, 1, 1), 1),  # stride 4: three of the four phases a row
+        ((1, 12, 17, 19, 10, 2, 2, 0, 1), 2),  # every tap in phase 0: one phase plane
+        ((1, 16, 15, 16, 9, 3, 3, 2, 1), 2),  # stride 3, dilation 2: phases 0, 2, 1
+        ((2, 24, 11, 9, 20, 3, 2, 1, 2), 1),  # groups of 12 channels, two images
+        ((1, 35, 7, 7, 70, 3, 1, 1, 1), 1),  # 35 channels: a tap's last word one short
+        # stride 5: past the phases the taps path keeps, im2col
+        ((1, 8, 21, 22, 12, 3, 5, 1, 1), 1),
+    ],
+)
+def test_conv2d_strides_dilations_and_groups(rt, pipeline_program, shape, dilation):
+    run_conv_shape(rt, pipeline_program, shape, dilation=dilation)
+
+
+def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int = 1) -> None:
     """A convolution of shape (N, C, H, W, OC, k, stride, pad, groups), seeded by its shape,
     run at `threads` threads against the reference."""
     n, c, h, w, oc, k, s, p, g = shape
@@ -195,8 +212,8 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
     rng = random.Random(sum(shape))
     args = dict(xs=0.04, xzp=-9, w=i8((oc, c // g, k, k), gen, -127, 127),
                 ws=weight_scales(rng, gen, oc), b=torch.randn(oc, generator=gen),
-                stride=[s, s], padding=[p, p], dilation=[1, 1], groups=g, os=0.5 + c / 10,
-                ozp=4, lo=-128, hi=127)  # fmt: skip
+                stride=[s, s], padding=[p, p], dilation=[dilation, dilation], groups=g,
+                os=0.5 + c / 10, ozp=4, lo=-128, hi=127)  # fmt: skip
     run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)], threads)
 
 
@@ -205,11 +222,13 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1) -> None:
     [
         # (N, C, H, W, OC, k, stride, pad, groups)
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
-        (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3: each task packs and multiplies a column tile
-        (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over image, group, tile
-        (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: the threads split rows of tiles
-        # a 28x28 plane: 49 steps of 16 columns dealt into tiles of 6 or 7 (2 threads: 8)
-        (1, 16, 28, 28, 24, 3, 1, 1, 1),
+        (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3, taps path: the threads split runs of panels
+        (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and run
+        (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: runs of one panel, chunks of rows
+        # im2col (3 channels): a 28x28 plane's 49 steps of 16 columns dealt into tiles of 6
+        # or 7 (2 threads: 8), each task packing and multiplying a tile
+        (1, 3, 28, 28, 24, 3, 1, 1, 1),
+        (1, 8, 40, 40, 12, 3, 5, 1, 1),  # im2col (stride 5), tiles over the threads
         # weights too big to widen at once: column tiles one after another, each a product
         # whose B is one block (tiles of 3 or 4 panels at 2 threads)
         (1, 3, 24, 25, 290, 41, 1, 20, 1),

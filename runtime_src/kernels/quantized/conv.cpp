@@ -4,13 +4,17 @@
 // The input zero point is not subtracted per element: sum_k (x - zp) * w is computed as
 // sum_k x * w - zp * sum_k w with the weight row sums (im2col pads with zp, whose term then
 // cancels). The GEMM paths take the row sums and the widened weights from the prepare hook's
-// block when the method was prepared (once, at load), else compute them per call. Four paths:
+// block when the method was prepared (once, at load), else compute them per call. Five paths:
 //   - pointwise (1x1, stride 1, no padding): one int8 GEMM per image and group;
 //   - depthwise (one input channel per group) with a square 3x3 or 5x5 kernel, stride 1 or 2
 //     and no dilation: depthwise.cpp, direct int16 x int16 -> int32 sums (SIMD with AVX2);
 //   - other depthwise (at most 514 taps): direct loops in float32, which are exact here
 //     because every partial sum is an integer below 2^24;
+//   - hosted, stride at most 4, and enough channels to fill the GEMM's steps: the taps path,
+//     an implicit GEMM over a copy of the input in the GEMM's own layout (no im2col);
 //   - everything else: im2col column tiles (int8) and the GEMM.
+#include <cstring>
+
 #include "kernels/portable/geometry.h"
 #include "kernels/quantized/depthwise.h"
 #include "kernels/quantized/qgemm.h"
@@ -161,6 +165,181 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
   return Error::Ok;
 }
 
+#if !defined(ETB_BARE_METAL)
+// The taps path: an implicit GEMM (qgemm_taps) that reads B in place from the input's taps
+// layout instead of an im2col copy. With stride s the layout splits each plane into its
+// s x s phases (rows and columns i * s + a of the zero-point-padded plane), so that a tap's
+// outputs along a row read consecutive words of one phase plane: output (oh, ow) is column
+// q = oh * Wq + ow, and tap (kh, kw) reads word q + (kh * dh / sh) * Wq + kw * dw / sw of the
+// plane of phase (kh * dh % sh, kw * dw % sw). Only the phases some tap reads are stored.
+// The columns with ow >= OW (the width of the phase planes past the output's) are computed
+// and not delivered. Hosted only: the layout holds a whole image (bare metal keeps the
+// im2col tiles, whose size it bounds).
+constexpr int64_t kMaxTapsStride = 4;
+
+struct TapsLayout {
+  int64_t Hq, Wq;  // a phase plane's rows and columns
+  // Each phase's index among the used ones, or -1.
+  int64_t row_phase[kMaxTapsStride], col_phase[kMaxTapsStride];
+  int64_t row_phases = 0, col_phases = 0;
+  int64_t csteps;  // words a pixel of a group (channel steps)
+
+  explicit TapsLayout(const ConvShape& s) {
+    Hq = (s.H + 2 * s.ph + s.sh - 1) / s.sh;
+    Wq = (s.W + 2 * s.pw + s.sw - 1) / s.sw;
+    for (int64_t a = 0; a < kMaxTapsStride; ++a) row_phase[a] = col_phase[a] = -1;
+    for (int64_t kh = 0; kh < s.KH; ++kh)
+      if (row_phase[kh * s.dh % s.sh] < 0) row_phase[kh * s.dh % s.sh] = row_phases++;
+    for (int64_t kw = 0; kw < s.KW; ++kw)
+      if (col_phase[kw * s.dw % s.sw] < 0) col_phase[kw * s.dw % s.sw] = col_phases++;
+    const int64_t step = qgemm_step_channels();
+    csteps = (s.C / s.groups + step - 1) / step;
+  }
+  int64_t plane_words() const { return Hq * Wq; }
+  int64_t planes() const { return csteps * row_phases * col_phases; }
+  int64_t group_words() const { return planes() * plane_words(); }
+  // Columns of the product: the output's rows at a stride of Wq.
+  int64_t columns(const ConvShape& s) const { return (s.OH - 1) * Wq + s.OW; }
+};
+
+// Not for the pointwise path's convolutions, nor where the channels fill a step's words so
+// poorly that the padding costs more than the im2col copy saves (an RGB input: 3 channels in
+// words of 4, a third more products).
+bool takes_taps_path(const ConvShape& s) {
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const int64_t cin_g = s.C / s.groups, step = qgemm_step_channels();
+  const int64_t padded = (cin_g + step - 1) / step * step;
+  return !pointwise && s.sh <= kMaxTapsStride && s.sw <= kMaxTapsStride && 8 * padded <= 9 * cin_g;
+}
+
+// Fills the taps layout of one image's groups: plane (g, cs, a, b) holds channels
+// [cs * step, cs * step + step) of group g at the padded plane's rows i * sh + a and columns
+// j * sw + b (padding pixels: the input zero point).
+void fill_taps_layout(const KernelContext& ctx, const ConvShape& s, const TapsLayout& L,
+                      const int8_t* x, int8_t xzp, int32_t* words) {
+  const int64_t step = qgemm_step_channels(), cin_g = s.C / s.groups, HW = s.H * s.W;
+  const int32_t pad = qgemm_fill_word(xzp);
+  int64_t row_of[kMaxTapsStride], col_of[kMaxTapsStride];  // the phase of each index
+  for (int64_t a = 0; a < kMaxTapsStride; ++a) {
+    if (L.row_phase[a] >= 0) row_of[L.row_phase[a]] = a;
+    if (L.col_phase[a] >= 0) col_of[L.col_phase[a]] = a;
+  }
+  auto plane = [&](int64_t t, int) {
+    const int64_t b = col_of[t % L.col_phases], a = row_of[t / L.col_phases % L.row_phases];
+    const int64_t cs = t / (L.col_phases * L.row_phases) % L.csteps;
+    const int64_t g = t / L.planes();
+    const int64_t c0 = g * cin_g + cs * step;
+    const int64_t channels = cin_g - cs * step < step ? cin_g - cs * step : step;
+    int64_t lo, hi;  // the columns j whose pixel j * sw + b - pw is in the input
+    valid_range(L.Wq, s.W, s.sw, s.pw, b, &lo, &hi);
+    int32_t* d = words + t * L.plane_words();
+    for (int64_t i = 0; i < L.Hq; ++i, d += L.Wq) {
+      const int64_t ih = i * s.sh + a - s.ph;
+      if (ih < 0 || ih >= s.H) {
+        std::fill(d, d + L.Wq, pad);
+        continue;
+      }
+      std::fill(d, d + lo, pad);
+      qgemm_pack_pixels(x + c0 * HW + ih * s.W + lo * s.sw + b - s.pw, HW, s.sw, channels, hi - lo,
+                        d + lo);
+      std::fill(d + hi, d + L.Wq, pad);
+    }
+  };
+  ctx.parallel_for(s.groups * L.planes(), plane);
+}
+
+// Delivers a tile of taps columns: each row is requantized whole (vectors, however short the
+// output's rows), then its runs of columns within output rows are copied out; the columns
+// past a row's OW are dropped.
+struct TapsEpilogue {
+  ConvEpilogue e;  // out: the image's and group's first output channel
+  int64_t Wq, OW;
+};
+
+void taps_tile(void* ctx, int64_t m0, int64_t q0, int64_t mr, int64_t nr, const int32_t* acc,
+               int64_t ld) {
+  const TapsEpilogue& t = *static_cast<const TapsEpilogue*>(ctx);
+  const ConvEpilogue& e = t.e;
+  constexpr int64_t kMaxPanel = 64;
+  int8_t row[kMaxPanel];
+  for (int64_t i = 0; i < mr; ++i) {
+    const int64_t m = m0 + i;
+    requantize_row(acc + i * ld, nr, e.xzp * e.wsum[m], e.mult[m], e.bias[m], e.q, row);
+    for (int64_t q = q0; q < q0 + nr;) {
+      const int64_t oh = q / t.Wq, ow = q - oh * t.Wq;
+      if (ow >= t.OW) {
+        q += t.Wq - ow;
+        continue;
+      }
+      const int64_t run = t.OW - ow < q0 + nr - q ? t.OW - ow : q0 + nr - q;
+      std::memcpy(e.out + m * e.ldo + oh * t.OW + ow, row + (q - q0), size_t(run));
+      q += run;
+    }
+  }
+}
+
+// The taps path for every image: the layout filled, then one parallel loop over the groups'
+// panels (and chunks of their rows when there are few panels).
+Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
+                const int8_t* w, const PreparedWeights& pw, const int32_t* wsum, const float* mult,
+                const float* bias, const OutQuant& q, int8_t* y) {
+  const TapsLayout L(s);
+  const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, T = s.KH * s.KW;
+  const int64_t S = L.csteps * T, Q = L.columns(s), P = s.OH * s.OW;
+  const int64_t nr = qgemm_panel_columns(), mr = qgemm_tile_rows();
+  const size_t words_bytes = size_t(s.groups * L.group_words() + nr) * sizeof(int32_t);
+  const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_taps_bytes(oc_g, cin_g, T);
+  Result<void*> mem =
+      ctx.allocate_temp(words_bytes + size_t(S) * sizeof(int64_t) + a_bytes * size_t(s.groups), 64);
+  if (!mem.ok()) return mem.error();
+  int32_t* words = static_cast<int32_t*>(mem.value());
+  int64_t* offsets = reinterpret_cast<int64_t*>(static_cast<char*>(mem.value()) + words_bytes);
+  char* a_base = reinterpret_cast<char*>(offsets + S);
+  std::fill(words + s.groups * L.group_words(), words + s.groups * L.group_words() + nr, 0);
+  for (int64_t cs = 0; cs < L.csteps; ++cs)
+    for (int64_t kh = 0; kh < s.KH; ++kh)
+      for (int64_t kw = 0; kw < s.KW; ++kw) {
+        const int64_t a = kh * s.dh % s.sh, b = kw * s.dw % s.sw;
+        const int64_t plane = (cs * L.row_phases + L.row_phase[a]) * L.col_phases + L.col_phase[b];
+        offsets[(cs * s.KH + kh) * s.KW + kw] =
+            plane * L.plane_words() + kh * s.dh / s.sh * L.Wq + kw * s.dw / s.sw;
+      }
+  if (pw.packed == nullptr)
+    for (int64_t g = 0; g < s.groups; ++g)
+      qgemm_pack_taps(ctx, oc_g, cin_g, T, w + g * oc_g * cin_g * T,
+                      reinterpret_cast<int16_t*>(a_base + size_t(g) * a_bytes));
+  auto packed_a = [&](int64_t g) {
+    return pw.packed != nullptr ? pw.group(g)
+                                : reinterpret_cast<const int16_t*>(a_base + size_t(g) * a_bytes);
+  };
+  // Tasks: (group, run of panels, chunk of rows). One thread: a group's columns are one run.
+  // Threads: runs of a panel or more, at least 4 tasks a thread, chunks of rows only where
+  // the panels are too few for that.
+  const int64_t all_panels = (Q + nr - 1) / nr, slivers = (oc_g + mr - 1) / mr;
+  const int64_t threads = ctx.num_threads(), want = 4 * threads;
+  const int64_t runs = threads == 1 ? 1 : all_panels < want ? all_panels : want;
+  int64_t chunks = threads > 1 ? (want + s.groups * runs - 1) / (s.groups * runs) : 1;
+  if (chunks > slivers) chunks = slivers;
+  for (int64_t n = 0; n < s.N; ++n) {
+    fill_taps_layout(ctx, s, L, x + n * s.C * s.H * s.W, int8_t(xzp), words);
+    auto task = [&](int64_t t, int) {
+      const int64_t r = t % chunks, p = t / chunks % runs, g = t / (chunks * runs);
+      TapsEpilogue te{{wsum + g * oc_g, mult + g * oc_g, bias + g * oc_g, xzp, q,
+                       y + (n * s.OC + g * oc_g) * P, P},
+                      L.Wq,
+                      s.OW};
+      const int64_t q0 = all_panels * p / runs * nr, q_end = all_panels * (p + 1) / runs * nr;
+      const int64_t q1 = q_end < Q ? q_end : Q;
+      const int64_t m0 = slivers * r / chunks * mr, m1 = slivers * (r + 1) / chunks * mr;
+      qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), words + g * L.group_words(),
+                 offsets, q0, q1, taps_tile, &te);
+    };
+    ctx.parallel_for(s.groups * runs * chunks, task);
+  }
+  return Error::Ok;
+}
+#endif
+
 // The convolution's shape from its arguments (the checks conv2d_out reports on, quietly).
 bool shape_of(const Tensor& input, const Tensor& weight, int64_t groups, ConvShape* s) {
   if (input.dim() != 4 || weight.dim() != 4 || groups < 1) return false;
@@ -180,18 +359,32 @@ bool takes_depthwise_path(const ConvShape& s) {
   return s.C == s.groups && s.groups > 1 && s.KH * s.KW <= 514;
 }
 
+// The geometry items of the arguments (quietly: false when malformed).
+bool geometry_of(Span<const int64_t> stride, Span<const int64_t> padding,
+                 Span<const int64_t> dilation, ConvShape* s) {
+  return pair_item(stride, 0, 1, &s->sh) && pair_item(stride, 1, 1, &s->sw) &&
+         pair_item(padding, 0, 0, &s->ph) && pair_item(padding, 1, 0, &s->pw) &&
+         pair_item(dilation, 0, 1, &s->dh) && pair_item(dilation, 1, 1, &s->dw);
+}
+
 }  // namespace
 
 Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input, double, int64_t,
-                         const Tensor& weight, const Tensor&, const Tensor*, Span<const int64_t>,
-                         Span<const int64_t>, Span<const int64_t>, int64_t groups, double, int64_t,
-                         int64_t, int64_t, Tensor&) {
+                         const Tensor& weight, const Tensor&, const Tensor*,
+                         Span<const int64_t> stride, Span<const int64_t> padding,
+                         Span<const int64_t> dilation, int64_t groups, double, int64_t, int64_t,
+                         int64_t, Tensor&) {
   ConvShape s;
   if (!weight.read_only() || weight.dtype() != ScalarType::Char ||
-      !shape_of(input, weight, groups, &s) || takes_depthwise_path(s))
+      !shape_of(input, weight, groups, &s) || takes_depthwise_path(s) ||
+      !geometry_of(stride, padding, dilation, &s))
     return Error::Ok;
   const int64_t oc_g = s.OC / groups, K = s.C / groups * s.KH * s.KW;
-  prepare_weights(pctx, groups, oc_g, K, weight.data_as<int8_t>(), /*pack=*/true);
+  int64_t taps = 0;
+#if !defined(ETB_BARE_METAL)
+  if (takes_taps_path(s)) taps = s.KH * s.KW;
+#endif
+  prepare_weights(pctx, groups, oc_g, K, weight.data_as<int8_t>(), /*pack=*/true, taps);
   return Error::Ok;
 }
 
@@ -213,10 +406,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   ETB_TRY(make_out_quant(output_scale, output_zero_point, output_min, output_max, op, &q));
   ConvShape s;
   shape_of(input, weight, groups, &s);  // validated below, with messages
-  const bool ok = pair_item(stride, 0, 1, &s.sh) && pair_item(stride, 1, 1, &s.sw) &&
-                  pair_item(padding, 0, 0, &s.ph) && pair_item(padding, 1, 0, &s.pw) &&
-                  pair_item(dilation, 0, 1, &s.dh) && pair_item(dilation, 1, 1, &s.dw);
-  if (!ok)
+  if (!geometry_of(stride, padding, dilation, &s))
     return fail(Error::InvalidArgument, "%s: stride/padding/dilation must have 1 or 2 items", op);
   constexpr int64_t kLimit = int64_t(1) << 30;
   if (s.sh > kLimit || s.sw > kLimit || s.dh > kLimit || s.dw > kLimit || s.ph > kLimit ||
@@ -262,9 +452,16 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
 
   if (takes_depthwise_path(s)) return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
-  const PreparedWeights pw = prepared_weights(ctx.prepared(), groups, oc_g, K);
+  int64_t taps = 0;
+#if !defined(ETB_BARE_METAL)
+  if (takes_taps_path(s)) taps = s.KH * s.KW;
+#endif
+  const PreparedWeights pw = prepared_weights(ctx.prepared(), groups, oc_g, K, taps);
   if (pw.sums == nullptr) row_sums(ctx, s.OC, K, w, K, wsum_buf);
   const int32_t* wsum = pw.sums != nullptr ? pw.sums : wsum_buf;
+#if !defined(ETB_BARE_METAL)
+  if (taps > 0) return conv_taps(ctx, s, x, xzp, w, pw, wsum, mult, bias_f, q, y);
+#endif
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   int8_t* col = nullptr;

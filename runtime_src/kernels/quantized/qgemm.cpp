@@ -104,6 +104,93 @@ int64_t chunk_rows(int64_t M, int64_t K) {
   return rows < all ? rows : all;
 }
 
+// The word of a column's depth rows past the end: x = 0 (A is zero there, so the products
+// vanish), 0x80 as an unsigned byte with ETB_QGEMM_U8S8.
+#if defined(ETB_QGEMM_U8S8)
+constexpr uint32_t kZeroWord = 0x80808080u;
+#else
+constexpr uint32_t kZeroWord = 0;
+#endif
+
+#if defined(__SSE2__)
+// 16 bytes of a row whose consecutive elements are kStep (1 or 2) bytes apart.
+template <int kStep>
+inline __m128i load16(const int8_t* p) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (kStep == 1) return lo;
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  const __m128i even = _mm_set1_epi16(0xff);
+  return _mm_packus_epi16(_mm_and_si128(lo, even), _mm_and_si128(hi, even));
+}
+
+// pack_step's vector part, 16 columns at a time while whole loads fit: with kStep = 2 they
+// reach one byte past the 16th column, so only while a 17th follows. Returns the columns done.
+template <int kStep>
+inline int64_t pack_step16(const int8_t* col, int64_t b_sk, int64_t ks, int64_t n, int16_t* out) {
+  const int64_t end = kStep == 1 ? n : n - 1;
+  int64_t j0 = 0;
+#if defined(ETB_QGEMM_U8S8)
+  // The step's rows (zero past the depth), interleaved bytewise into four bytes a column.
+  uint8_t* __restrict d = reinterpret_cast<uint8_t*>(out);
+  const __m128i flip = _mm_set1_epi8(char(0x80));
+  for (; j0 + 16 <= end; j0 += 16) {
+    __m128i x[4];
+    for (int64_t q = 0; q < 4; ++q)
+      x[q] = q < ks ? load16<kStep>(col + q * b_sk + j0 * kStep) : _mm_setzero_si128();
+    const __m128i lo01 = _mm_unpacklo_epi8(x[0], x[1]), hi01 = _mm_unpackhi_epi8(x[0], x[1]);
+    const __m128i lo23 = _mm_unpacklo_epi8(x[2], x[3]), hi23 = _mm_unpackhi_epi8(x[2], x[3]);
+    const __m128i quads[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
+                              _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
+    for (int v = 0; v < 4; ++v)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 4 * j0 + 16 * v),
+                       _mm_xor_si128(quads[v], flip));
+  }
+#else
+  // Pairs: both rows sign-extended to int16 (unpacked with themselves, shifted right), then
+  // interleaved.
+  int16_t* __restrict d = out;
+  for (; j0 + 16 <= end; j0 += 16) {
+    const __m128i x0 = load16<kStep>(col + j0 * kStep);
+    const __m128i x1 = ks > 1 ? load16<kStep>(col + b_sk + j0 * kStep) : _mm_setzero_si128();
+    const __m128i w0[2] = {_mm_srai_epi16(_mm_unpacklo_epi8(x0, x0), 8),
+                           _mm_srai_epi16(_mm_unpackhi_epi8(x0, x0), 8)};
+    const __m128i w1[2] = {_mm_srai_epi16(_mm_unpacklo_epi8(x1, x1), 8),
+                           _mm_srai_epi16(_mm_unpackhi_epi8(x1, x1), 8)};
+    for (int h = 0; h < 2; ++h) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * j0 + 16 * h),
+                       _mm_unpacklo_epi16(w0[h], w1[h]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * j0 + 16 * h + 8),
+                       _mm_unpackhi_epi16(w0[h], w1[h]));
+    }
+  }
+#endif
+  return j0;
+}
+#endif
+
+// Writes n 32-bit step words: word j holds depth rows [0, ks) of column j, element q at
+// col[q * b_sk + j * b_sn] (ks <= kStepK; rows past ks as in kZeroWord).
+inline void pack_step(const int8_t* col, int64_t b_sk, int64_t b_sn, int64_t ks, int64_t n,
+                      int16_t* out) {
+  int64_t j0 = 0;
+#if defined(__SSE2__)
+  if (b_sn == 1) j0 = pack_step16<1>(col, b_sk, ks, n, out);
+  if (b_sn == 2) j0 = pack_step16<2>(col, b_sk, ks, n, out);
+#endif
+#if defined(ETB_QGEMM_U8S8)
+  uint8_t* __restrict d = reinterpret_cast<uint8_t*>(out);
+  for (int64_t j = j0; j < n; ++j)
+    for (int64_t q = 0; q < kStepK; ++q)
+      d[4 * j + q] = q < ks ? uint8_t(col[q * b_sk + j * b_sn] ^ 0x80) : uint8_t(0x80);
+#else
+  const int8_t* r1 = ks > 1 ? col + b_sk : col;
+  for (int64_t j = j0; j < n; ++j) {
+    out[2 * j] = col[j * b_sn];
+    out[2 * j + 1] = ks > 1 ? int16_t(r1[j * b_sn]) : int16_t(0);
+  }
+#endif
+}
+
 // Packs columns [n0, n0 + nc) of B into panels of kNR columns, a 32-bit step per column
 // (an int16 pair, or four bytes x + 128 with ETB_QGEMM_U8S8).
 void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
@@ -113,55 +200,23 @@ void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, in
     const int64_t nr = min64(kNR, nc - j0);
     int16_t* panel = out + (j0 / kNR) * S * kNR * 2;
     for (int64_t st = 0; st < S; ++st) {
-#if defined(ETB_QGEMM_U8S8)
-      uint8_t* __restrict d = reinterpret_cast<uint8_t*>(panel + st * kNR * 2);
-      const int8_t* col = B + (kStepK * st) * b_sk + (n0 + j0) * b_sn;
-      const int64_t ks = min64(kStepK, K - kStepK * st);  // depth rows in this step
-      int64_t j0v = 0;
-      if (b_sn == 1) {
-        // 16 columns at a time: the step's rows (zero past the depth), interleaved bytewise
-        // into four bytes a column.
-        const __m128i flip = _mm_set1_epi8(char(0x80));
-        for (; j0v + 16 <= nr; j0v += 16) {
-          __m128i x[4];
-          for (int64_t q = 0; q < 4; ++q)
-            x[q] = q < ks ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + q * b_sk + j0v))
-                          : _mm_setzero_si128();
-          const __m128i lo01 = _mm_unpacklo_epi8(x[0], x[1]), hi01 = _mm_unpackhi_epi8(x[0], x[1]);
-          const __m128i lo23 = _mm_unpacklo_epi8(x[2], x[3]), hi23 = _mm_unpackhi_epi8(x[2], x[3]);
-          const __m128i quads[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
-                                    _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
-          for (int v = 0; v < 4; ++v)
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 4 * j0v + 16 * v),
-                             _mm_xor_si128(quads[v], flip));
-        }
-      }
-      for (int64_t j = j0v; j < nr; ++j)
-        for (int64_t q = 0; q < kStepK; ++q)  // past the depth: 128 (x = 0; A is 0 there too)
-          d[4 * j + q] = q < ks ? uint8_t(col[q * b_sk + j * b_sn] ^ 0x80) : uint8_t(0x80);
-      for (int64_t j = nr; j < kNR; ++j)
-        for (int64_t q = 0; q < kStepK; ++q) d[4 * j + q] = 0x80;
-#else
-      int16_t* __restrict d = panel + st * kNR * 2;
-      const int8_t* r0 = B + (2 * st) * b_sk + (n0 + j0) * b_sn;
-      const bool has1 = 2 * st + 1 < K;
-      const int8_t* r1 = has1 ? r0 + b_sk : r0;
-      if (b_sn == 1 && has1) {
-        for (int64_t j = 0; j < nr; ++j) {
-          d[2 * j] = r0[j];
-          d[2 * j + 1] = r1[j];
-        }
-      } else {
-        for (int64_t j = 0; j < nr; ++j) {
-          d[2 * j] = r0[j * b_sn];
-          d[2 * j + 1] = has1 ? int16_t(r1[j * b_sn]) : int16_t(0);
-        }
-      }
-      for (int64_t j = nr; j < kNR; ++j) d[2 * j] = d[2 * j + 1] = 0;
-#endif
+      int16_t* d = panel + st * kNR * 2;
+      pack_step(B + (kStepK * st) * b_sk + (n0 + j0) * b_sn, b_sk, b_sn,
+                min64(kStepK, K - kStepK * st), nr, d);
+      for (int64_t j = nr; j < kNR; ++j) std::memcpy(d + 2 * j, &kZeroWord, 4);
     }
   }
 }
+
+#if defined(ETB_QGEMM_U8S8)
+// Writes a packed row's correction, 128 * (the sum of the row's weights); returns where the
+// row's bytes go.
+inline int8_t* put_correction(int32_t sum, int16_t* d) {
+  const int32_t correction = 128 * sum;
+  std::memcpy(d, &correction, sizeof(correction));
+  return reinterpret_cast<int8_t*>(d + 2 * kHeadWords);
+}
+#endif
 
 // Packs rows [m0, m0 + mr) of A, row i at out + i * 2 * row_words(K): widened to int16 (an
 // odd K gets a zero at the end of each row), so the micro-kernel broadcasts pair kp of row i
@@ -174,9 +229,7 @@ void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int
 #if defined(ETB_QGEMM_U8S8)
     int32_t sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += a[k];
-    const int32_t correction = 128 * sum;
-    std::memcpy(d, &correction, sizeof(correction));
-    int8_t* bytes = reinterpret_cast<int8_t*>(d + 2 * kHeadWords);
+    int8_t* bytes = put_correction(sum, d);
     std::memcpy(bytes, a, size_t(K));
     for (int64_t k = K; k < steps(K) * kStepK; ++k) bytes[k] = 0;
 #else
@@ -189,6 +242,36 @@ void pack_a(int64_t K, int64_t m0, int64_t mr, const int8_t* A, int64_t lda, int
 #endif
     for (; k < K; ++k) d[k] = a[k];
     if (K & 1) d[K] = 0;
+#endif
+  }
+}
+
+// Depth of a convolution's weight row in taps order: C channels in steps of kStepK (the last
+// one zero-padded), each step once per tap.
+inline int64_t taps_depth(int64_t C, int64_t T) {
+  return steps(C) * kStepK * T;
+}
+
+// Packs rows [m0, m0 + mr) of convolution weights W [M][C][T] (C input channels, T taps) as
+// pack_a packs rows of depth taps_depth(C, T), their depth in taps order: element
+// (cs * T + t) * kStepK + q is W[m][cs * kStepK + q][t], zero past C. A step then holds
+// kStepK channels of one tap: the word of one pixel in the input's taps layout.
+void pack_taps_rows(int64_t C, int64_t T, int64_t m0, int64_t mr, const int8_t* W, int16_t* out) {
+  const int64_t K = taps_depth(C, T);
+  for (int64_t i = 0; i < mr; ++i) {
+    const int8_t* __restrict w = W + (m0 + i) * C * T;
+    auto at = [&](int64_t k) -> int8_t {
+      const int64_t st = k / kStepK, c = (st / T) * kStepK + k % kStepK;
+      return c < C ? w[c * T + st % T] : int8_t(0);
+    };
+    int16_t* __restrict d = out + i * 2 * row_words(K);
+#if defined(ETB_QGEMM_U8S8)
+    int32_t sum = 0;
+    for (int64_t k = 0; k < C * T; ++k) sum += w[k];
+    int8_t* bytes = put_correction(sum, d);
+    for (int64_t k = 0; k < K; ++k) bytes[k] = at(k);
+#else
+    for (int64_t k = 0; k < K; ++k) d[k] = at(k);
 #endif
   }
 }
@@ -210,9 +293,9 @@ inline int32_t load_pair(const int16_t* p) {
 // chain; that ran at 0.6x the speed of this form. Inlined into its callers, the copies came
 // back: it stays a function of its own.
 static_assert(kMR == 8, "the VNNI micro-kernel is written for 8 rows");
-template <int kVecs>
-[[gnu::noinline]] void micro_kernel(int64_t S, const int16_t* const* ar, const int16_t* bp,
-                                  int32_t* tile) {
+template <int kVecs, class Steps>
+[[gnu::noinline]] void micro_kernel(int64_t S, const int16_t* const* ar, Steps b_at,
+                                    int32_t* tile) {
   const __m512i zero = _mm512_setzero_si512();
   __m512i c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero,
           c31 = zero, c40 = zero, c41 = zero, c50 = zero, c51 = zero, c60 = zero, c61 = zero,
@@ -220,17 +303,17 @@ template <int kVecs>
   const int16_t* a[kMR];
   for (int64_t i = 0; i < kMR; ++i) a[i] = ar[i] + 2 * kHeadWords;
   for (int64_t st = 0; st < S; ++st) {
+    const int16_t* bp = b_at(st);
     const __m512i b0 = _mm512_loadu_si512(bp);
     const __m512i b1 = kVecs == 2 ? _mm512_loadu_si512(bp + 32) : zero;
-#define ETB_ROW(i)                                                      \
-  {                                                                     \
-    const __m512i ai = _mm512_set1_epi32(load_pair(a[i] + 2 * st));     \
-    c##i##0 = _mm512_dpbusd_epi32(c##i##0, b0, ai);                     \
-    if (kVecs == 2) c##i##1 = _mm512_dpbusd_epi32(c##i##1, b1, ai);     \
+#define ETB_ROW(i)                                                  \
+  {                                                                 \
+    const __m512i ai = _mm512_set1_epi32(load_pair(a[i] + 2 * st)); \
+    c##i##0 = _mm512_dpbusd_epi32(c##i##0, b0, ai);                 \
+    if (kVecs == 2) c##i##1 = _mm512_dpbusd_epi32(c##i##1, b1, ai); \
   }
     ETB_ROW(0) ETB_ROW(1) ETB_ROW(2) ETB_ROW(3) ETB_ROW(4) ETB_ROW(5) ETB_ROW(6) ETB_ROW(7)
 #undef ETB_ROW
-    bp += 2 * kNR;
   }
   const __m512i c[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
@@ -241,12 +324,13 @@ template <int kVecs>
   }
 }
 #elif defined(__AVX512BW__)
-template <int kVecs>
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+template <int kVecs, class Steps>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* tile) {
   __m512i c[kMR][kVecs];
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v) c[i][v] = _mm512_setzero_si512();
   for (int64_t kp = 0; kp < Kp; ++kp) {
+    const int16_t* bp = b_at(kp);
     __m512i b[kVecs];
     for (int v = 0; v < kVecs; ++v) b[v] = _mm512_loadu_si512(bp + 32 * v);
     for (int64_t i = 0; i < kMR; ++i) {
@@ -254,18 +338,18 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
       for (int v = 0; v < kVecs; ++v)
         c[i][v] = _mm512_add_epi32(c[i][v], _mm512_madd_epi16(a, b[v]));
     }
-    bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v) _mm512_storeu_si512(tile + i * kNR + 16 * v, c[i][v]);
 }
 #elif defined(__AVX2__)
-template <int kVecs>
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+template <int kVecs, class Steps>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* tile) {
   __m256i c[kMR][kVecs];
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v) c[i][v] = _mm256_setzero_si256();
   for (int64_t kp = 0; kp < Kp; ++kp) {
+    const int16_t* bp = b_at(kp);
     __m256i b[kVecs];
     for (int v = 0; v < kVecs; ++v)
       b[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16 * v));
@@ -274,7 +358,6 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
       for (int v = 0; v < kVecs; ++v)
         c[i][v] = _mm256_add_epi32(c[i][v], _mm256_madd_epi16(a, b[v]));
     }
-    bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v)
@@ -284,12 +367,13 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
 // kNR = 8 columns: two int32x4 accumulators a row. vld2q_s16 splits a kp step's 8 pairs into
 // the 8 values of row 2kp and of row 2kp + 1 of B; each is multiplied by its element of A and
 // added with vmlal (int16 x int16 -> int32).
-template <int kVecs>
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+template <int kVecs, class Steps>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* tile) {
   int32x4_t c[kMR][kVecs];
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v) c[i][v] = vdupq_n_s32(0);
   for (int64_t kp = 0; kp < Kp; ++kp) {
+    const int16_t* bp = b_at(kp);
     const int16x8x2_t b = vld2q_s16(bp);
     for (int64_t i = 0; i < kMR; ++i) {
       const int16_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
@@ -300,35 +384,47 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32
         c[i][kVecs - 1] = vmlal_high_n_s16(c[i][kVecs - 1], b.val[1], a1);
       }
     }
-    bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v) vst1q_s32(tile + i * kNR + 4 * v, c[i][v]);
 }
 #else
-template <int kVecs>
-void micro_kernel(int64_t Kp, const int16_t* const* ar, const int16_t* bp, int32_t* tile) {
+template <int kVecs, class Steps>
+void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* tile) {
   constexpr int64_t kCols = kVecs * kNR / 2;
   int32_t c[kMR][kCols] = {};
   for (int64_t kp = 0; kp < Kp; ++kp) {
+    const int16_t* bp = b_at(kp);
     for (int64_t i = 0; i < kMR; ++i) {
       const int32_t a0 = ar[i][2 * kp], a1 = ar[i][2 * kp + 1];
       for (int64_t j = 0; j < kCols; ++j) c[i][j] += a0 * bp[2 * j] + a1 * bp[2 * j + 1];
     }
-    bp += 2 * kNR;
   }
   for (int64_t i = 0; i < kMR; ++i)
     for (int64_t j = 0; j < kCols; ++j) tile[i * kNR + j] = c[i][j];
 }
 #endif
 
+// Where the micro-kernel finds B's step st (kNR words): in a packed panel, one step after
+// the other; or in place in the input's taps layout, at an offset of its own per step.
+struct PanelSteps {
+  const int16_t* panel;
+  const int16_t* operator()(int64_t st) const { return panel + st * 2 * kNR; }
+};
+struct TapSteps {
+  const int16_t* words;    // the panel's first column in step 0's plane
+  const int64_t* offsets;  // words from there to step st's
+  const int16_t* operator()(int64_t st) const { return words + 2 * offsets[st]; }
+};
+
 // The sums of one sliver and one panel of which the first nr columns are delivered.
-inline void multiply_tile(int64_t S, const int16_t* const* ar, const int16_t* bp, int64_t nr,
+template <class Steps>
+inline void multiply_tile(int64_t S, const int16_t* const* ar, Steps b_at, int64_t nr,
                           int32_t* tile) {
   if (nr <= kNR / 2) {
-    micro_kernel<1>(S, ar, bp, tile);
+    micro_kernel<1>(S, ar, b_at, tile);
   } else {
-    micro_kernel<2>(S, ar, bp, tile);
+    micro_kernel<2>(S, ar, b_at, tile);
   }
 }
 
@@ -411,7 +507,7 @@ void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack,
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = min64(kMR, M - m0);
       sliver_rows(apack, m0 / kMR, mr, K, ar);
-      multiply_tile(S, ar, panel, nr, tile);
+      multiply_tile(S, ar, PanelSteps{panel}, nr, tile);
       fn(ctx, m_base + m0, n0, mr, nr, tile, kNR);
     }
   }
@@ -446,6 +542,68 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
   multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panel, fn, ctx);
 }
 
+int64_t qgemm_step_channels() {
+  return kStepK;
+}
+
+int64_t qgemm_panel_columns() {
+  return kNR;
+}
+
+int64_t qgemm_tile_rows() {
+  return kMR;
+}
+
+size_t qgemm_packed_taps_bytes(int64_t M, int64_t C, int64_t T) {
+  return qgemm_packed_a_bytes(M, taps_depth(C, T));
+}
+
+void qgemm_pack_taps(const KernelContext& kctx, int64_t M, int64_t C, int64_t T, const int8_t* W,
+                     int16_t* out) {
+  const int64_t K = taps_depth(C, T);
+  auto rows = [&](int64_t t, int) {
+    const int64_t m0 = t * kMR;
+    pack_taps_rows(C, T, m0, min64(kMR, M - m0), W, out + t * row_words(K) * kMR * 2);
+  };
+  kctx.parallel_for((M + kMR - 1) / kMR, rows);
+}
+
+void qgemm_pack_pixels(const int8_t* x, int64_t c_stride, int64_t step, int64_t channels, int64_t n,
+                       int32_t* out) {
+  pack_step(x, c_stride, step, channels, n, reinterpret_cast<int16_t*>(out));
+}
+
+int32_t qgemm_fill_word(int8_t v) {
+  int16_t pair[2];
+  pack_step(&v, 0, 0, kStepK, 1, pair);
+  int32_t word;
+  std::memcpy(&word, pair, sizeof(word));
+  return word;
+}
+
+void qgemm_taps(int64_t m_begin, int64_t m_end, int64_t C, int64_t T, const int16_t* apack,
+                const int32_t* words, const int64_t* offsets, int64_t q_begin, int64_t q_end,
+                QTileFn fn, void* ctx) {
+  const int64_t K = taps_depth(C, T), S = steps(K);
+  alignas(64) int32_t tile[kMR * kNR];
+  const int16_t* ar[kMR];
+  // Blocks of panels whose words stay in cache across the slivers (as a packed B block).
+  const int64_t block = block_cols(K);
+  for (int64_t b0 = q_begin; b0 < q_end; b0 += block) {
+    const int64_t b1 = min64(q_end, b0 + block);
+    for (int64_t m0 = m_begin; m0 < m_end; m0 += kMR) {
+      const int64_t mr = min64(kMR, m_end - m0);
+      sliver_rows(apack, m0 / kMR, mr, K, ar);
+      for (int64_t q0 = b0; q0 < b1; q0 += kNR) {
+        const int64_t nr = min64(kNR, b1 - q0);
+        multiply_tile(S, ar, TapSteps{reinterpret_cast<const int16_t*>(words + q0), offsets}, nr,
+                      tile);
+        fn(ctx, m0, q0, mr, nr, tile, kNR);
+      }
+    }
+  }
+}
+
 size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
   const size_t S = size_t(steps(K > 0 ? K : 1)), R = size_t(row_words(K > 0 ? K : 1));
   // Room for the B block of a product of any N' <= N columns.
@@ -472,6 +630,7 @@ namespace {
 struct PreparedHeader {
   int64_t groups, M, K;
   int64_t packed;  // 1: each group's rows follow the sums, widened
+  int64_t taps;    // > 0: packed in taps order (qgemm_pack_taps), K = channels * taps
 };
 constexpr size_t kHeaderBytes = align64(sizeof(PreparedHeader));
 
@@ -479,32 +638,43 @@ constexpr size_t kHeaderBytes = align64(sizeof(PreparedHeader));
 size_t packed_offset(int64_t groups, int64_t M) {
   return kHeaderBytes + align64(size_t(groups * M) * sizeof(int32_t));
 }
+
+// Bytes of one group's packed rows.
+size_t packed_group_bytes(int64_t M, int64_t K, int64_t taps) {
+  return taps > 0 ? qgemm_packed_taps_bytes(M, K / taps, taps) : qgemm_packed_a_bytes(M, K);
+}
 }  // namespace
 
 void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
-                     bool pack) {
-  const size_t a_bytes = qgemm_packed_a_bytes(M, K);
+                     bool pack, int64_t taps) {
+  const size_t a_bytes = packed_group_bytes(M, K, taps);
   void* mem = pctx.take(packed_offset(groups, M) + (pack ? size_t(groups) * a_bytes : 0));
   if (mem == nullptr) return;  // the sizing pass
-  new (mem) PreparedHeader{groups, M, K, pack ? 1 : 0};
+  new (mem) PreparedHeader{groups, M, K, pack ? 1 : 0, taps};
   char* base = static_cast<char*>(mem);
   const KernelContext serial(nullptr);
   row_sums(serial, groups * M, K, A, K, reinterpret_cast<int32_t*>(base + kHeaderBytes));
   char* packed = base + packed_offset(groups, M);
-  for (int64_t g = 0; g < groups && pack; ++g)
-    qgemm_pack_a(serial, M, K, A + g * M * K, K,
-                 reinterpret_cast<int16_t*>(packed + size_t(g) * a_bytes));
+  for (int64_t g = 0; g < groups && pack; ++g) {
+    int16_t* out = reinterpret_cast<int16_t*>(packed + size_t(g) * a_bytes);
+    if (taps > 0) {
+      qgemm_pack_taps(serial, M, K / taps, taps, A + g * M * K, out);
+    } else {
+      qgemm_pack_a(serial, M, K, A + g * M * K, K, out);
+    }
+  }
 }
 
-PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K) {
+PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K,
+                                 int64_t taps) {
   PreparedWeights w;
   const PreparedHeader* h = static_cast<const PreparedHeader*>(mem);
   if (h == nullptr || h->groups != groups || h->M != M || h->K != K) return w;
   const char* base = static_cast<const char*>(mem);
   w.sums = reinterpret_cast<const int32_t*>(base + kHeaderBytes);
-  if (h->packed != 0) {
+  if (h->packed != 0 && h->taps == taps) {
     w.packed = reinterpret_cast<const int16_t*>(base + packed_offset(groups, M));
-    w.group_stride = qgemm_packed_a_bytes(M, K) / sizeof(int16_t);
+    w.group_stride = packed_group_bytes(M, K, taps) / sizeof(int16_t);
   }
   return w;
 }
@@ -582,7 +752,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
         sliver_rows(apack, t, mr, K, ar);
         for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
           const int64_t nr = min64(kNR, nc - j0);
-          multiply_tile(S, ar, bpack + (j0 / kNR) * S * kNR * 2, nr, tile);
+          multiply_tile(S, ar, PanelSteps{bpack + (j0 / kNR) * S * kNR * 2}, nr, tile);
           fn(ctx, m0, n0 + j0, mr, nr, tile, kNR);
         }
       };

@@ -34,13 +34,16 @@ struct PreparedWeights {
 };
 /// A prepare hook's part for weights A (groups * M rows of K, row-major): takes the block
 /// from `pctx` and, in the filling pass, writes the row sums and (when `pack`) the rows
-/// widened.
+/// widened: as qgemm_pack_a does, or, with `taps` > 0, as qgemm_pack_taps does for rows of
+/// K / taps channels x `taps` taps.
 void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
-                     bool pack);
+                     bool pack, int64_t taps = 0);
 /// The block at `mem` (KernelContext::prepared()) that prepare_weights filled, or an empty
 /// view when there is none or it was filled for another shape (the kernel then works from
-/// the weights themselves).
-PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K);
+/// the weights themselves). The packed rows are given only when they were packed for the
+/// same `taps`.
+PreparedWeights prepared_weights(const void* mem, int64_t groups, int64_t M, int64_t K,
+                                 int64_t taps = 0);
 /// Whether qgemm reads its A packed for a product of N columns with B's rows contiguous
 /// (b_sk == 1): fewer columns take plain dot products over A itself.
 bool qgemm_reads_packed_a(int64_t N);
@@ -69,6 +72,36 @@ void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t*
                   int16_t* out);
 void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
                   int64_t b_sk, int64_t b_sn, int16_t* panel, QTileFn fn, void* ctx);
+
+/// Implicit GEMM for a convolution: B is not packed but read in place from the input's "taps
+/// layout", in which one 32-bit word holds qgemm_step_channels() channels of one pixel (as
+/// the micro-kernel reads a step of a packed column). Each step of the depth is one tap of
+/// one group of channels, so a step's columns are a run of consecutive words of that layout:
+/// word (st, q) of B is words[offsets[st] + q], offsets being the caller's (the geometry).
+int64_t qgemm_step_channels();
+/// Columns of a panel (a multiple of 8) and rows of a tile (a power of two).
+int64_t qgemm_panel_columns();
+int64_t qgemm_tile_rows();
+/// Weights W [M][C][T] (C input channels x T taps a row) packed for qgemm_taps: the depth in
+/// steps of qgemm_step_channels() channels of one tap, channels past C zero.
+size_t qgemm_packed_taps_bytes(int64_t M, int64_t C, int64_t T);
+void qgemm_pack_taps(const KernelContext& kctx, int64_t M, int64_t C, int64_t T, const int8_t* W,
+                     int16_t* out);
+/// Writes n words of the taps layout: word j holds `channels` (<= qgemm_step_channels())
+/// channels of pixel j, channel c's value at x[c * c_stride + j * step]; the other channels
+/// of the word are zero as the GEMM counts them (their weights are zero).
+void qgemm_pack_pixels(const int8_t* x, int64_t c_stride, int64_t step, int64_t channels, int64_t n,
+                       int32_t* out);
+/// The word of a pixel whose every channel holds v (a padding pixel).
+int32_t qgemm_fill_word(int8_t v);
+/// Rows [m_begin, m_end) of A (packed by qgemm_pack_taps for C x T; m_begin a multiple of
+/// qgemm_tile_rows()) times columns [q_begin, q_end) of B on the calling thread, delivered to
+/// `fn` a tile at a time. Sums equal qgemm's with A's rows and B's columns in that depth order.
+/// Panels are whole: each step reads the words up to offsets[st] + q_begin + (q_end - q_begin
+/// rounded up to whole panels), the columns past q_end being computed and not delivered.
+void qgemm_taps(int64_t m_begin, int64_t m_end, int64_t C, int64_t T, const int16_t* apack,
+                const int32_t* words, const int64_t* offsets, int64_t q_begin, int64_t q_end,
+                QTileFn fn, void* ctx);
 
 /// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row; the
 /// rows are split over kctx's threads.
