@@ -46,6 +46,7 @@ SHAPES = [  # (M, K, N): M 1 and 2 take the wide tiles with depth blocks of 64
     (1, 1, 1), (1, 200, 1000), (1, 65, 33), (2, 130, 17), (2, 7, 64),
     (3, 33, 9), (6, 16, 16), (7, 100, 47), (13, 64, 129), (33, 5, 250),
     (1, 300, 1001), (2, 90, 23), (9, 1000, 49), (17, 700, 31), (8, 3, 15),
+    (12, 40, 17), (5, 600, 81),  # a whole tile and a tail vector as one wider tile (AVX-512)
 ]  # fmt: skip
 
 
@@ -111,6 +112,25 @@ def test_pointwise_and_im2col_convolutions(rt, pipeline_program, seed):
     torch.manual_seed(seed)
     x = torch.randn(rng.randint(1, 2), cin, rng.randint(5, 30), rng.randint(5, 30))
     _check(rt, pipeline_program, module, [x])
+
+
+@pytest.mark.parametrize(
+    "n,cin,cout,hw,k,pad,dilation,groups",
+    [
+        (1, 16, 24, (20, 22), 3, (1, 1), 1, 1),  # 3x3, padded: Wq = W + 2
+        (2, 12, 10, (32, 32), 3, (1, 2), 2, 2),  # dilation 2, uneven padding, groups, 2 images
+        (1, 8, 40, (30, 30), 5, (2, 2), 1, 1),  # 5x5: 81 output columns of 34 a row used
+        (1, 6, 5, (1, 200), (1, 3), (0, 1), 1, 1),  # one row (a 1-d convolution's shape)
+    ],
+)
+def test_stride_1_convolutions_read_the_input_in_place(
+    rt, pipeline_program, n, cin, cout, hw, k, pad, dilation, groups
+):
+    """Stride-1 convolutions on planes big enough for the taps path (hosted): the GEMM reads
+    its rows from a padded copy of the input, the output rows come out of a wider product."""
+    torch.manual_seed(cin * cout + hw[1])
+    conv = nn.Conv2d(cin, cout, k, 1, pad, dilation=dilation, groups=groups)
+    _check(rt, pipeline_program, nn.Sequential(conv, nn.ReLU6()), [torch.randn(n, cin, *hw)])
 
 
 @pytest.mark.parametrize("cin,cout,h,w", [(960, 22, 7, 7), (160, 13, 7, 7), (40, 9, 14, 14)])

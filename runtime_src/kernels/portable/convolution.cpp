@@ -1,9 +1,11 @@
 // 1-d and 2-d convolution (NCHW, grouped and depthwise, and transposed) on Float tensors.
 //
-// Three paths: pointwise (1x1, stride 1, no padding) is one GEMM per group, reading the
+// Four paths: pointwise (1x1, stride 1, no padding) is one GEMM per group, reading the
 // weights and the activations in place; depthwise (one input channel per group) has its own
-// kernel (depthwise.h); everything else packs column tiles (im2col) into temp memory and runs
-// the GEMM on them. Bias and a fused activation clamp are applied in the GEMM's epilogue.
+// kernel (depthwise.h); hosted, the taps path (below) reads the GEMM's B from a padded copy
+// of the input, with no im2col; everything else packs column tiles (im2col) into temp memory
+// and runs the GEMM on them. Bias and a fused activation clamp are applied in the GEMM's
+// epilogue.
 #include "kernels/portable/depthwise.h"
 #include "kernels/portable/gemm.h"
 #include "kernels/portable/geometry.h"
@@ -95,6 +97,66 @@ Error conv_transpose(KernelContext& ctx, const Tensor& input, const Tensor& weig
   ctx.parallel_for(N * OC, channel);
   return Error::Ok;
 }
+
+#if !defined(ETB_BARE_METAL)
+// The taps path: sgemm_rows reads B from the input's taps layout (geometry.h, padded with
+// zeros) instead of an im2col copy. Its columns are the output's rows Wq apart: the product
+// goes to a temp matrix, whose rows' first OW columns are then copied out. Hosted only (the
+// layout holds a whole image), and only where that wins (ResNet18's layers, measured): stride
+// 1 (with stride 2 the copy out and the phase planes cost more than the im2col they save),
+// and where the columns dropped between rows add little to the product: not on small planes
+// (a 7x7 output with a 3x3 kernel: 61 columns for 49).
+bool takes_taps_path(const ConvShape& s) {
+  if (s.sh != 1 || s.sw != 1) return false;
+  const TapsLayout L(s);
+  return 20 * L.columns(s) <= 23 * s.OH * s.OW;
+}
+
+Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const float* w,
+                const float* bias, GemmEpilogue ep, float* y) {
+  const TapsLayout L(s);
+  const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
+  const int64_t Q = L.columns(s), P = s.OH * s.OW, plane = L.phases() * L.plane_size();
+  const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
+  const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
+  const size_t product_bytes = (size_t(oc_g * Q) * sizeof(float) + 63) / 64 * 64;
+  Result<void*> mem =
+      ctx.allocate_temp(taps_bytes + offsets_bytes + product_bytes + sgemm_workspace_bytes(K), 64);
+  if (!mem.ok()) return mem.error();
+  char* base = static_cast<char*>(mem.value());
+  float* taps = reinterpret_cast<float*>(base);
+  int64_t* offsets = reinterpret_cast<int64_t*>(base + taps_bytes);
+  float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
+  float* ws = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes + product_bytes);
+  for (int64_t c = 0; c < cin_g; ++c)
+    for (int64_t kh = 0; kh < s.KH; ++kh)
+      for (int64_t kw = 0; kw < s.KW; ++kw)
+        offsets[(c * s.KH + kh) * s.KW + kw] = L.tap_offset(s, c, kh, kw);
+  const int64_t HW = s.H * s.W;
+  for (int64_t n = 0; n < s.N; ++n) {
+    auto fill = [&](int64_t t, int) {
+      const float* xc = x + (n * s.C + t / L.phases()) * HW;
+      auto interior = [&](float* d, int64_t ih, int64_t iw, int64_t count) {
+        copy_strided(d, xc + ih * s.W + iw, count, s.sw);
+      };
+      L.fill_plane(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior);
+    };
+    ctx.parallel_for(s.C * L.phases(), fill);
+    for (int64_t g = 0; g < s.groups; ++g) {
+      ep.bias = bias != nullptr ? bias + g * oc_g : nullptr;
+      sgemm_rows(ctx, oc_g, Q, K, w + g * oc_g * K, K, taps + g * cin_g * plane, offsets, product,
+                 Q, ep, ws);
+      float* yg = y + (n * s.OC + g * oc_g) * P;
+      auto copy_out = [&](int64_t m, int) {
+        for (int64_t oh = 0; oh < s.OH; ++oh)
+          copy_run(yg + m * P + oh * s.OW, product + m * Q + oh * L.Wq, s.OW);
+      };
+      ctx.parallel_for(oc_g, copy_out);
+    }
+  }
+  return Error::Ok;
+}
+#endif
 
 }  // namespace
 
@@ -214,6 +276,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       }
     return Error::Ok;
   }
+#if !defined(ETB_BARE_METAL)
+  if (takes_taps_path(s)) return conv_taps(ctx, s, x, w, b, ep, y);
+#endif
   // im2col in column tiles of at most 256 KB, and 2 MB over all the threads' tiles.
   const int threads = ctx.num_threads();
   const int64_t tile_bytes = threads <= 8 ? int64_t(256) << 10 : (int64_t(2) << 20) / threads;

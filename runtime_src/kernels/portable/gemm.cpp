@@ -46,6 +46,27 @@ inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
+// Where row k of B starts: k * ldb elements on (a row-major matrix), or at an offset of its
+// own (a convolution's taps: each row is a shifted window of a padded input plane). `ahead`
+// is the row the tile prefetches, kPrefetchRows on.
+struct StridedRows {
+  const float* b;
+  int64_t ldb;
+  const float* row(int64_t k) const { return b + k * ldb; }
+  const float* ahead(int64_t k) const { return b + (k + kPrefetchRows) * ldb; }
+  StridedRows shifted(int64_t k0, int64_t n0) const { return {b + k0 * ldb + n0, ldb}; }
+};
+struct OffsetRows {
+  const float* b;
+  const int64_t* off;
+  int64_t last;  // the last row's index (prefetches go no further)
+  const float* row(int64_t k) const { return b + off[k]; }
+  const float* ahead(int64_t k) const {
+    return b + off[k + kPrefetchRows < last ? k + kPrefetchRows : last];
+  }
+  OffsetRows shifted(int64_t k0, int64_t n0) const { return {b + n0, off + k0, last - k0}; }
+};
+
 // What a tile needs to start and finish: the epilogue at the tile's origin.
 struct TileEpilogue {
   GemmInit init;
@@ -55,10 +76,9 @@ struct TileEpilogue {
 };
 
 // C tile [MR x NV*kW] = epilogue(A[MR x K] * B[K x NV*kW]).
-template <int MR, int NV>
-__attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_t lda,
-                                    const float* __restrict b, int64_t ldb, float* __restrict c,
-                                    int64_t ldc, const TileEpilogue& e) {
+template <int MR, int NV, class Rows>
+__attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_t lda, Rows b,
+                                    float* __restrict c, int64_t ldc, const TileEpilogue& e) {
   VecF acc[MR][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
@@ -79,13 +99,14 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   for (int64_t k = 0; k < K; ++k) {
     // Rows of B lie ldb apart (a whole activation plane for a 1x1 convolution): fetch the row
     // a few steps ahead, which the hardware prefetchers do not predict across pages.
+    const float* ahead = b.ahead(k);
 #pragma GCC unroll 8
     for (int line = 0; line < (NV * kW * 4 + 63) / 64; ++line)
-      __builtin_prefetch(b + kPrefetchRows * ldb + line * 16);
+      __builtin_prefetch(ahead + line * 16);
+    const float* __restrict bk = b.row(k);
     VecF bv[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) bv[v] = VecF::load(b + v * kW);
-    b += ldb;
+    for (int v = 0; v < NV; ++v) bv[v] = VecF::load(bk + v * kW);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const VecF av = VecF::broadcast(ap[i][k]);
@@ -102,20 +123,20 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
-                        const TileEpilogue&);
+template <class Rows>
+using TileFn = void (*)(int64_t, const float*, int64_t, Rows, float*, int64_t, const TileEpilogue&);
 
 // The tile function for mr rows (1 <= mr <= MR) and nv vectors (1 <= nv <= NV).
-template <int NV, int... I>
-constexpr TileFn tile_for(int mr, std::integer_sequence<int, I...>) {
-  constexpr TileFn fns[] = {&tile<I + 1, NV>...};
+template <int NV, class Rows, int... I>
+constexpr TileFn<Rows> tile_for(int mr, std::integer_sequence<int, I...>) {
+  constexpr TileFn<Rows> fns[] = {&tile<I + 1, NV, Rows>...};
   return fns[mr - 1];
 }
-template <int MR, int NV>
-TileFn tile_fn(int mr, int nv) {
+template <int MR, int NV, class Rows>
+TileFn<Rows> tile_fn(int mr, int nv) {
   if constexpr (NV > 1)
-    if (nv < NV) return tile_fn<MR, NV - 1>(mr, nv);
-  return tile_for<NV>(mr, std::make_integer_sequence<int, MR>());
+    if (nv < NV) return tile_fn<MR, NV - 1, Rows>(mr, nv);
+  return tile_for<NV, Rows>(mr, std::make_integer_sequence<int, MR>());
 }
 
 // sums[i * J + j] = A row i . column j of B, for R rows of A and J columns of B given
@@ -208,11 +229,22 @@ void dot_columns(int mr, int r, int64_t K, const float* a, int64_t lda, const fl
 // the whole product when there is one depth block or when `depth_in_task` (a matrix-vector
 // product, which reads B once whatever the order); otherwise one per column and depth block,
 // so that the kc x NC slice of B stays in each thread's L2 while the row tiles pass over it.
+// Vectors of the widest tile of MR x NV's product: the last whole tile and its tail merged.
+// AVX-512's 8 x 3 vectors (24 accumulators) fit its 32 registers; elsewhere no merging.
 template <int MR, int NV>
+constexpr int merged_nv() {
+#if defined(ETB_SIMD_AVX512)
+  return MR == 8 && NV == 2 ? 3 : NV;
+#else
+  return NV;
+#endif
+}
+
+template <int MR, int NV, class Rows>
 void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep,
-             int64_t nc_block, int64_t kc_block, bool depth_in_task, float* workspace) {
-  constexpr int kNR = NV * kW;
+             Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, int64_t nc_block,
+             int64_t kc_block, bool depth_in_task, float* workspace) {
+  constexpr int kNR = NV * kW, kMergedNV = merged_nv<MR, NV>();
   nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
   if (kc_block < 1) kc_block = 1;
   const int64_t row_tiles = (M + MR - 1) / MR;
@@ -226,7 +258,7 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   const int rem = int(N - nfull_all), tail_nv = rem / kW, dot_cols = rem % kW;
   const int64_t dot_n0 = N - dot_cols;
   for (int j = 0; j < dot_cols; ++j)
-    for (int64_t k = 0; k < K; ++k) workspace[j * K + k] = B[k * ldb + dot_n0 + j];
+    for (int64_t k = 0; k < K; ++k) workspace[j * K + k] = B.row(k)[dot_n0 + j];
   const bool one_loop = depth_blocks == 1 || depth_in_task;
   // Enough tasks for every thread to get several.
   const int64_t want = 4 * int64_t(ctx.num_threads());
@@ -242,21 +274,30 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     const int64_t kc = min64(kc_block, K - k0);
     const int64_t m0 = rt * MR;
     const int mr = int(min64(MR, M - m0));
-    const TileFn full_tile = tile_fn<MR, NV>(mr, NV);
+    const TileFn<Rows> full_tile = tile_fn<MR, NV, Rows>(mr, NV);
     TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, k0 + kc >= K && ep.clamp.active(),
                    ep.clamp.lo, ep.clamp.hi};
     if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
     const float* a = A + m0 * lda + k0;
-    const float* b = B + k0 * ldb + n0;
+    const Rows b = B.shifted(k0, n0);
     float* c = C + m0 * ldc + n0;
     for (int64_t jt = j_begin; jt < j_end; ++jt) {
-      const int64_t j = jt * kNR;
+      int64_t j = jt * kNR;
       if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
       if (n0 + j + kNR <= N) {
-        full_tile(kc, a, lda, b + j, ldb, c + j, ldc, e);
-        continue;
+        // The last whole tile with the tail's vectors beside it, where registers allow (one
+        // wider tile: 48 columns in one pass, not 32 then 16 at one broadcast per FMA).
+        const bool merge = kMergedNV > NV && NV + tail_nv <= kMergedNV && tail_nv > 0 &&
+                           n0 + j + kNR == nfull_all && jt + 1 < j_end;
+        if (!merge) {
+          full_tile(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
+          continue;
+        }
+        tile_fn<MR, kMergedNV, Rows>(mr, NV + tail_nv)(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
+        j = ++jt * kNR;  // the tail tile: only its dot columns are left
+      } else if (tail_nv > 0) {
+        tile_fn<MR, NV, Rows>(mr, tail_nv)(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
       }
-      if (tail_nv > 0) tile_fn<MR, NV>(mr, tail_nv)(kc, a, lda, b + j, ldb, c + j, ldc, e);
       if (dot_cols > 0) {
         const int64_t jd = dot_n0 - n0;
         if (e.init == GemmInit::ColBias) e.bias = ep.bias + dot_n0;
@@ -280,6 +321,18 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     }
 }
 
+// A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
+// column blocks whose kc x NC slice of B stays in L2.
+template <class Rows>
+void general(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
+  constexpr int64_t kMaxDepth = 512;
+  const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
+  const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
+  const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
+  blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, C, ldc, ep, nc, kc, false, workspace);
+}
+
 }  // namespace
 
 size_t sgemm_workspace_bytes(int64_t K) {
@@ -290,24 +343,26 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
            const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& ep,
            float* workspace) {
   if (M <= 0 || N <= 0) return;
-  // A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
-  // column blocks whose kc x NC slice of B stays in L2.
   if (M > 2) {
-    constexpr int64_t kMaxDepth = 512;
-    const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
-    const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
-    const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
-    blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, nc, kc, false, workspace);
+    general(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, workspace);
     return;
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each
   // sweep the whole width, so B is read as a few long contiguous runs at a time.
   constexpr int64_t kDepthBlock = 64;
   if (M == 1)
-    blocked<1, kWideNV>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, true, workspace);
+    blocked<1, kWideNV>(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, N, kDepthBlock, true,
+                        workspace);
   else
-    blocked<2, kWideNV / 2>(ctx, M, N, K, A, lda, B, ldb, C, ldc, ep, N, kDepthBlock, true,
-                            workspace);
+    blocked<2, kWideNV / 2>(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, N, kDepthBlock,
+                            true, workspace);
+}
+
+void sgemm_rows(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+                int64_t lda, const float* B, const int64_t* row_offsets, float* C, int64_t ldc,
+                const GemmEpilogue& ep, float* workspace) {
+  if (M <= 0 || N <= 0) return;
+  general(ctx, M, N, K, A, lda, OffsetRows{B, row_offsets, K - 1}, C, ldc, ep, workspace);
 }
 
 }  // namespace native

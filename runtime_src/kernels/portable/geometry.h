@@ -143,6 +143,66 @@ inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0
   }
 }
 
+/// The taps layout of a convolution's input, from which an implicit GEMM reads its B without
+/// an im2col copy. Each plane of the input (a channel, or a group of channels packed into
+/// one element) is padded and split into the stride's phases: phase plane (a, b) holds the
+/// padded plane's rows i * sh + a and columns j * sw + b, Hq x Wq of them. Output (oh, ow) is
+/// then column q = oh * Wq + ow of the product, and tap (kh, kw) reads element
+/// q + (kh * dh / sh) * Wq + kw * dw / sw of phase plane (kh * dh % sh, kw * dw % sw): a
+/// tap's columns are consecutive elements. The columns with ow >= OW are computed and
+/// dropped. Only the phases some tap reads are stored, in the order of their indices.
+struct TapsLayout {
+  static constexpr int64_t kMaxStride = 4;
+  int64_t Hq, Wq;  // a phase plane's rows and columns
+  // Each phase's index among the stored ones, or -1; and the phase of each index.
+  int64_t row_phase[kMaxStride], col_phase[kMaxStride];
+  int64_t row_of[kMaxStride], col_of[kMaxStride];
+  int64_t row_phases = 0, col_phases = 0;
+
+  static bool supports(const ConvShape& s) { return s.sh <= kMaxStride && s.sw <= kMaxStride; }
+  explicit TapsLayout(const ConvShape& s) {
+    Hq = (s.H + 2 * s.ph + s.sh - 1) / s.sh;
+    Wq = (s.W + 2 * s.pw + s.sw - 1) / s.sw;
+    for (int64_t a = 0; a < kMaxStride; ++a) row_phase[a] = col_phase[a] = -1;
+    for (int64_t kh = 0; kh < s.KH; ++kh) {
+      const int64_t a = kh * s.dh % s.sh;
+      if (row_phase[a] < 0) row_of[row_phases] = a, row_phase[a] = row_phases++;
+    }
+    for (int64_t kw = 0; kw < s.KW; ++kw) {
+      const int64_t b = kw * s.dw % s.sw;
+      if (col_phase[b] < 0) col_of[col_phases] = b, col_phase[b] = col_phases++;
+    }
+  }
+  int64_t plane_size() const { return Hq * Wq; }
+  int64_t phases() const { return row_phases * col_phases; }
+  // Columns of the product: the output's rows at a stride of Wq.
+  int64_t columns(const ConvShape& s) const { return (s.OH - 1) * Wq + s.OW; }
+  // Where tap (kh, kw) of input plane u starts, from the first phase plane of plane 0.
+  int64_t tap_offset(const ConvShape& s, int64_t u, int64_t kh, int64_t kw) const {
+    const int64_t t = row_phase[kh * s.dh % s.sh] * col_phases + col_phase[kw * s.dw % s.sw];
+    return (u * phases() + t) * plane_size() + kh * s.dh / s.sh * Wq + kw * s.dw / s.sw;
+  }
+  // Fills phase plane t (< phases()) of one input plane at d: rows out of the input and the
+  // padding's columns with `pad`, the rest by interior(d + j, ih, iw, n), which writes the n
+  // elements of input row ih from column iw on, sw apart.
+  template <typename T, typename Interior>
+  void fill_plane(const ConvShape& s, int64_t t, T pad, T* d, Interior interior) const {
+    const int64_t a = row_of[t / col_phases], b = col_of[t % col_phases];
+    int64_t lo, hi;  // the columns j whose pixel j * sw + b - pw is in the input
+    valid_range(Wq, s.W, s.sw, s.pw, b, &lo, &hi);
+    for (int64_t i = 0; i < Hq; ++i, d += Wq) {
+      const int64_t ih = i * s.sh + a - s.ph;
+      if (ih < 0 || ih >= s.H) {
+        std::fill(d, d + Wq, pad);
+        continue;
+      }
+      std::fill(d, d + lo, pad);
+      if (hi > lo) interior(d + lo, ih, lo * s.sw + b - s.pw, hi - lo);
+      std::fill(d + hi, d + Wq, pad);
+    }
+  }
+};
+
 /// PyTorch's pooling_output_shape.
 inline int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil,
                            bool ceil) {

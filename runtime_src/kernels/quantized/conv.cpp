@@ -167,85 +167,40 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
 
 #if !defined(ETB_BARE_METAL)
 // The taps path: an implicit GEMM (qgemm_taps) that reads B in place from the input's taps
-// layout instead of an im2col copy. With stride s the layout splits each plane into its
-// s x s phases (rows and columns i * s + a of the zero-point-padded plane), so that a tap's
-// outputs along a row read consecutive words of one phase plane: output (oh, ow) is column
-// q = oh * Wq + ow, and tap (kh, kw) reads word q + (kh * dh / sh) * Wq + kw * dw / sw of the
-// plane of phase (kh * dh % sh, kw * dw % sw). Only the phases some tap reads are stored.
-// The columns with ow >= OW (the width of the phase planes past the output's) are computed
-// and not delivered. Hosted only: the layout holds a whole image (bare metal keeps the
-// im2col tiles, whose size it bounds).
-constexpr int64_t kMaxTapsStride = 4;
-
-struct TapsLayout {
-  int64_t Hq, Wq;  // a phase plane's rows and columns
-  // Each phase's index among the used ones, or -1.
-  int64_t row_phase[kMaxTapsStride], col_phase[kMaxTapsStride];
-  int64_t row_phases = 0, col_phases = 0;
-  int64_t csteps;  // words a pixel of a group (channel steps)
-
-  explicit TapsLayout(const ConvShape& s) {
-    Hq = (s.H + 2 * s.ph + s.sh - 1) / s.sh;
-    Wq = (s.W + 2 * s.pw + s.sw - 1) / s.sw;
-    for (int64_t a = 0; a < kMaxTapsStride; ++a) row_phase[a] = col_phase[a] = -1;
-    for (int64_t kh = 0; kh < s.KH; ++kh)
-      if (row_phase[kh * s.dh % s.sh] < 0) row_phase[kh * s.dh % s.sh] = row_phases++;
-    for (int64_t kw = 0; kw < s.KW; ++kw)
-      if (col_phase[kw * s.dw % s.sw] < 0) col_phase[kw * s.dw % s.sw] = col_phases++;
-    const int64_t step = qgemm_step_channels();
-    csteps = (s.C / s.groups + step - 1) / step;
-  }
-  int64_t plane_words() const { return Hq * Wq; }
-  int64_t planes() const { return csteps * row_phases * col_phases; }
-  int64_t group_words() const { return planes() * plane_words(); }
-  // Columns of the product: the output's rows at a stride of Wq.
-  int64_t columns(const ConvShape& s) const { return (s.OH - 1) * Wq + s.OW; }
-};
-
-// Not for the pointwise path's convolutions, nor where the channels fill a step's words so
-// poorly that the padding costs more than the im2col copy saves (an RGB input: 3 channels in
-// words of 4, a third more products).
+// layout (geometry.h) instead of an im2col copy, each element of a plane a word of
+// qgemm_step_channels() channels. Hosted only: the layout holds a whole image (bare metal
+// keeps the im2col tiles, whose size it bounds). Not for the pointwise path's convolutions,
+// nor where the channels fill a step's words so poorly that the padding costs more than the
+// im2col copy saves (an RGB input: 3 channels in words of 4, a third more products).
 bool takes_taps_path(const ConvShape& s) {
   const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
   const int64_t cin_g = s.C / s.groups, step = qgemm_step_channels();
   const int64_t padded = (cin_g + step - 1) / step * step;
-  return !pointwise && s.sh <= kMaxTapsStride && s.sw <= kMaxTapsStride && 8 * padded <= 9 * cin_g;
+  return !pointwise && TapsLayout::supports(s) && 8 * padded <= 9 * cin_g;
 }
 
-// Fills the taps layout of one image's groups: plane (g, cs, a, b) holds channels
-// [cs * step, cs * step + step) of group g at the padded plane's rows i * sh + a and columns
-// j * sw + b (padding pixels: the input zero point).
+// Channel steps (words a pixel) of a group.
+int64_t channel_steps(const ConvShape& s) {
+  return (s.C / s.groups + qgemm_step_channels() - 1) / qgemm_step_channels();
+}
+
+// Fills the taps layout of one image's groups: plane (g, cs) holds channels
+// [cs * step, cs * step + step) of group g (padding pixels: the input zero point).
 void fill_taps_layout(const KernelContext& ctx, const ConvShape& s, const TapsLayout& L,
                       const int8_t* x, int8_t xzp, int32_t* words) {
   const int64_t step = qgemm_step_channels(), cin_g = s.C / s.groups, HW = s.H * s.W;
+  const int64_t csteps = channel_steps(s);
   const int32_t pad = qgemm_fill_word(xzp);
-  int64_t row_of[kMaxTapsStride], col_of[kMaxTapsStride];  // the phase of each index
-  for (int64_t a = 0; a < kMaxTapsStride; ++a) {
-    if (L.row_phase[a] >= 0) row_of[L.row_phase[a]] = a;
-    if (L.col_phase[a] >= 0) col_of[L.col_phase[a]] = a;
-  }
   auto plane = [&](int64_t t, int) {
-    const int64_t b = col_of[t % L.col_phases], a = row_of[t / L.col_phases % L.row_phases];
-    const int64_t cs = t / (L.col_phases * L.row_phases) % L.csteps;
-    const int64_t g = t / L.planes();
-    const int64_t c0 = g * cin_g + cs * step;
+    const int64_t u = t / L.phases(), g = u / csteps, cs = u % csteps;
     const int64_t channels = cin_g - cs * step < step ? cin_g - cs * step : step;
-    int64_t lo, hi;  // the columns j whose pixel j * sw + b - pw is in the input
-    valid_range(L.Wq, s.W, s.sw, s.pw, b, &lo, &hi);
-    int32_t* d = words + t * L.plane_words();
-    for (int64_t i = 0; i < L.Hq; ++i, d += L.Wq) {
-      const int64_t ih = i * s.sh + a - s.ph;
-      if (ih < 0 || ih >= s.H) {
-        std::fill(d, d + L.Wq, pad);
-        continue;
-      }
-      std::fill(d, d + lo, pad);
-      qgemm_pack_pixels(x + c0 * HW + ih * s.W + lo * s.sw + b - s.pw, HW, s.sw, channels, hi - lo,
-                        d + lo);
-      std::fill(d + hi, d + L.Wq, pad);
-    }
+    const int8_t* xc = x + (g * cin_g + cs * step) * HW;
+    auto interior = [&](int32_t* d, int64_t ih, int64_t iw, int64_t n) {
+      qgemm_pack_pixels(xc + ih * s.W + iw, HW, s.sw, channels, n, d);
+    };
+    L.fill_plane(s, t % L.phases(), pad, words + t * L.plane_size(), interior);
   };
-  ctx.parallel_for(s.groups * L.planes(), plane);
+  ctx.parallel_for(s.groups * csteps * L.phases(), plane);
 }
 
 // Delivers a tile of taps columns: each row is requantized whole (vectors, however short the
@@ -285,9 +240,10 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
                 const float* bias, const OutQuant& q, int8_t* y) {
   const TapsLayout L(s);
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, T = s.KH * s.KW;
-  const int64_t S = L.csteps * T, Q = L.columns(s), P = s.OH * s.OW;
+  const int64_t csteps = channel_steps(s), S = csteps * T, Q = L.columns(s), P = s.OH * s.OW;
   const int64_t nr = qgemm_panel_columns(), mr = qgemm_tile_rows();
-  const size_t words_bytes = size_t(s.groups * L.group_words() + nr) * sizeof(int32_t);
+  const int64_t group_words = csteps * L.phases() * L.plane_size();
+  const size_t words_bytes = size_t(s.groups * group_words + nr) * sizeof(int32_t);
   const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_taps_bytes(oc_g, cin_g, T);
   Result<void*> mem =
       ctx.allocate_temp(words_bytes + size_t(S) * sizeof(int64_t) + a_bytes * size_t(s.groups), 64);
@@ -295,15 +251,11 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   int32_t* words = static_cast<int32_t*>(mem.value());
   int64_t* offsets = reinterpret_cast<int64_t*>(static_cast<char*>(mem.value()) + words_bytes);
   char* a_base = reinterpret_cast<char*>(offsets + S);
-  std::fill(words + s.groups * L.group_words(), words + s.groups * L.group_words() + nr, 0);
-  for (int64_t cs = 0; cs < L.csteps; ++cs)
+  std::fill(words + s.groups * group_words, words + s.groups * group_words + nr, 0);
+  for (int64_t cs = 0; cs < csteps; ++cs)
     for (int64_t kh = 0; kh < s.KH; ++kh)
-      for (int64_t kw = 0; kw < s.KW; ++kw) {
-        const int64_t a = kh * s.dh % s.sh, b = kw * s.dw % s.sw;
-        const int64_t plane = (cs * L.row_phases + L.row_phase[a]) * L.col_phases + L.col_phase[b];
-        offsets[(cs * s.KH + kh) * s.KW + kw] =
-            plane * L.plane_words() + kh * s.dh / s.sh * L.Wq + kw * s.dw / s.sw;
-      }
+      for (int64_t kw = 0; kw < s.KW; ++kw)
+        offsets[(cs * s.KH + kh) * s.KW + kw] = L.tap_offset(s, cs, kh, kw);
   if (pw.packed == nullptr)
     for (int64_t g = 0; g < s.groups; ++g)
       qgemm_pack_taps(ctx, oc_g, cin_g, T, w + g * oc_g * cin_g * T,
@@ -331,8 +283,8 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
       const int64_t q0 = all_panels * p / runs * nr, q_end = all_panels * (p + 1) / runs * nr;
       const int64_t q1 = q_end < Q ? q_end : Q;
       const int64_t m0 = slivers * r / chunks * mr, m1 = slivers * (r + 1) / chunks * mr;
-      qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), words + g * L.group_words(),
-                 offsets, q0, q1, taps_tile, &te);
+      qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), words + g * group_words, offsets,
+                 q0, q1, taps_tile, &te);
     };
     ctx.parallel_for(s.groups * runs * chunks, task);
   }
