@@ -113,26 +113,34 @@ bool takes_taps_path(const ConvShape& s) {
 }
 
 Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const float* w,
-                const float* bias, GemmEpilogue ep, float* y) {
+                const float* bias, const GemmEpilogue& ep, float* y) {
   const TapsLayout L(s);
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
   const int64_t Q = L.columns(s), P = s.OH * s.OW, plane = L.phases() * L.plane_size();
+  // Tasks: (group, run of columns), a run one GEMM of its own on one thread (one parallel loop,
+  // not one per block of the GEMM's); runs start at multiples of 32 columns, whole tiles on
+  // every ISA, so every column is summed the same way at any thread count.
+  const int threads = ctx.num_threads();
+  const int64_t steps = (Q + 31) / 32;
+  const int64_t runs = threads == 1 ? 1 : (4 * threads < steps ? 4 * threads : steps);
   const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
-  const size_t product_bytes = (size_t(oc_g * Q) * sizeof(float) + 63) / 64 * 64;
-  Result<void*> mem =
-      ctx.allocate_temp(taps_bytes + offsets_bytes + product_bytes + sgemm_workspace_bytes(K), 64);
+  const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
+  const size_t ws_bytes = (sgemm_workspace_bytes(K) + 63) / 64 * 64;
+  Result<void*> mem = ctx.allocate_temp(
+      taps_bytes + offsets_bytes + product_bytes + ws_bytes * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
   char* base = static_cast<char*>(mem.value());
   float* taps = reinterpret_cast<float*>(base);
   int64_t* offsets = reinterpret_cast<int64_t*>(base + taps_bytes);
   float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
-  float* ws = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes + product_bytes);
+  char* ws = base + taps_bytes + offsets_bytes + product_bytes;
   for (int64_t c = 0; c < cin_g; ++c)
     for (int64_t kh = 0; kh < s.KH; ++kh)
       for (int64_t kw = 0; kw < s.KW; ++kw)
         offsets[(c * s.KH + kh) * s.KW + kw] = L.tap_offset(s, c, kh, kw);
   const int64_t HW = s.H * s.W;
+  const KernelContext serial = ctx.within_task();
   for (int64_t n = 0; n < s.N; ++n) {
     auto fill = [&](int64_t t, int) {
       const float* xc = x + (n * s.C + t / L.phases()) * HW;
@@ -142,17 +150,23 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       L.fill_plane(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior);
     };
     ctx.parallel_for(s.C * L.phases(), fill);
-    for (int64_t g = 0; g < s.groups; ++g) {
-      ep.bias = bias != nullptr ? bias + g * oc_g : nullptr;
-      sgemm_rows(ctx, oc_g, Q, K, w + g * oc_g * K, K, taps + g * cin_g * plane, offsets, product,
-                 Q, ep, ws);
-      float* yg = y + (n * s.OC + g * oc_g) * P;
-      auto copy_out = [&](int64_t m, int) {
-        for (int64_t oh = 0; oh < s.OH; ++oh)
-          copy_run(yg + m * P + oh * s.OW, product + m * Q + oh * L.Wq, s.OW);
-      };
-      ctx.parallel_for(oc_g, copy_out);
-    }
+    auto multiply = [&](int64_t t, int thread) {
+      const int64_t g = t / runs, r = t % runs;
+      const int64_t q0 = steps * r / runs * 32, q_end = steps * (r + 1) / runs * 32;
+      const int64_t q1 = q_end < Q ? q_end : Q;
+      GemmEpilogue gep = ep;
+      gep.bias = bias != nullptr ? bias + g * oc_g : nullptr;
+      sgemm_rows(serial, oc_g, q1 - q0, K, w + g * oc_g * K, K, taps + g * cin_g * plane + q0,
+                 offsets, product + g * oc_g * Q + q0, Q, gep,
+                 reinterpret_cast<float*>(ws + size_t(thread) * ws_bytes));
+    };
+    ctx.parallel_for(s.groups * runs, multiply);
+    float* yn = y + n * s.OC * P;
+    auto copy_out = [&](int64_t m, int) {
+      for (int64_t oh = 0; oh < s.OH; ++oh)
+        copy_run(yn + m * P + oh * s.OW, product + m * Q + oh * L.Wq, s.OW);
+    };
+    ctx.parallel_for(s.OC, copy_out);
   }
   return Error::Ok;
 }
