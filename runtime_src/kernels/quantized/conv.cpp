@@ -179,6 +179,17 @@ bool takes_taps_path(const ConvShape& s) {
   return !pointwise && TapsLayout::supports(s) && 8 * padded <= 9 * cin_g;
 }
 
+#endif
+
+// Taps a row of the prepared weights is packed for: KH * KW on the taps path, else 0.
+int64_t prepared_taps(const ConvShape& s) {
+#if !defined(ETB_BARE_METAL)
+  if (takes_taps_path(s)) return s.KH * s.KW;
+#endif
+  return 0;
+}
+
+#if !defined(ETB_BARE_METAL)
 // Channel steps (words a pixel) of a group.
 int64_t channel_steps(const ConvShape& s) {
   return (s.C / s.groups + qgemm_step_channels() - 1) / qgemm_step_channels();
@@ -332,11 +343,7 @@ Error conv2d_out_prepare(PrepareContext& pctx, const Tensor& input, double, int6
       !geometry_of(stride, padding, dilation, &s))
     return Error::Ok;
   const int64_t oc_g = s.OC / groups, K = s.C / groups * s.KH * s.KW;
-  int64_t taps = 0;
-#if !defined(ETB_BARE_METAL)
-  if (takes_taps_path(s)) taps = s.KH * s.KW;
-#endif
-  prepare_weights(pctx, groups, oc_g, K, weight.data_as<int8_t>(), /*pack=*/true, taps);
+  prepare_weights(pctx, groups, oc_g, K, weight.data_as<int8_t>(), /*pack=*/true, prepared_taps(s));
   return Error::Ok;
 }
 
@@ -404,10 +411,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
 
   if (takes_depthwise_path(s)) return conv_depthwise(ctx, s, x, xzp, w, mult, bias_f, q, y);
 
-  int64_t taps = 0;
-#if !defined(ETB_BARE_METAL)
-  if (takes_taps_path(s)) taps = s.KH * s.KW;
-#endif
+  const int64_t taps = prepared_taps(s);
   const PreparedWeights pw = prepared_weights(ctx.prepared(), groups, oc_g, K, taps);
   if (pw.sums == nullptr) row_sums(ctx, s.OC, K, w, K, wsum_buf);
   const int32_t* wsum = pw.sums != nullptr ? pw.sums : wsum_buf;
