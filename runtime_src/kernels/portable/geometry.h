@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/span.h"
 #include "kernels/intrinsics.h"
+#include "kernels/simd.h"
 
 namespace etb {
 
@@ -71,9 +73,9 @@ inline void copy_run(T* d, const T* src, int64_t n) {
   std::memcpy(d, src, size_t(n) * sizeof(T));
 }
 
-/// d[i] = src[i * stride] for i < n: a copy for stride 1; for bytes at stride 2 (the int8
-/// im2col of a stride-2 convolution) a SIMD gather of the even bytes. Reads no element past
-/// src[(n - 1) * stride].
+/// d[i] = src[i * stride] for i < n: a copy for stride 1; for bytes and floats at stride 2
+/// (the im2col of a stride-2 convolution) a SIMD gather of the even elements. Reads no
+/// element past src[(n - 1) * stride].
 template <typename T>
 inline void copy_strided(T* d, const T* src, int64_t n, int64_t stride) {
   if (n <= 0) return;
@@ -100,6 +102,12 @@ inline void copy_strided(T* d, const T* src, int64_t n, int64_t stride) {
         vst1q_s8(reinterpret_cast<int8_t*>(d + i), v.val[0]);
       }
 #endif
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (stride == 2) {  // load_even reads one element past its last lane: while one follows
+      constexpr int64_t kL = simd::VecF::kWidth;
+      for (; i + kL + 1 <= n; i += kL) simd::load_even(src + 2 * i).store(d + i);
     }
   }
   for (; i < n; ++i) d[i] = src[i * stride];
