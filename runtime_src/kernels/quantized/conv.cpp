@@ -182,7 +182,7 @@ bool takes_taps_path(const ConvShape& s) {
 #endif
 
 // Taps a row of the prepared weights is packed for: KH * KW on the taps path, else 0.
-int64_t prepared_taps(const ConvShape& s) {
+int64_t prepared_taps([[maybe_unused]] const ConvShape& s) {
 #if !defined(ETB_BARE_METAL)
   if (takes_taps_path(s)) return s.KH * s.KW;
 #endif
