@@ -133,6 +133,35 @@ def test_stride_1_convolutions_read_the_input_in_place(
     _check(rt, pipeline_program, nn.Sequential(conv, nn.ReLU6()), [torch.randn(n, cin, *hw)])
 
 
+@pytest.mark.parametrize(
+    "cin,cout,hw,k,stride",
+    [
+        (16, 24, (121, 99), 3, 2),  # 3050 columns of depth 144 (1.8 MB): tiles, the last partial
+        (3, 10, (150, 130), 7, 2),  # an RGB stem, 7x7: 4875 columns of depth 147
+        (96, 40, (13, 13), 3, 2),  # 49 columns of depth 864 (169 KB): one tile
+    ],
+)
+def test_im2col_convolutions_in_column_tiles_and_whole(
+    rt, pipeline_program, cin, cout, hw, k, stride
+):
+    """Stride-2 convolutions go through im2col: a plane whose columns take more than 1 MB in
+    column tiles (each thread packing and multiplying its own), a smaller one as one tile (at
+    threads, its packing split by channels and its product by rows). Exact against torch, and
+    bit-identical at 1, 2 and 3 threads."""
+    torch.manual_seed(cin * cout)
+    module = nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2), nn.ReLU6()).eval()
+    x = torch.randn(1, cin, *hw)
+    with torch.no_grad():
+        want = module(x)
+    assert want.abs().max() > 0.1 and want.std() > 0.01
+    pte = str(pipeline_program(module, [x]))
+    (one,) = rt.load(pte).run([x])
+    assert_matches(one, want, 1e-4)
+    for threads in (2, 3):
+        (got,) = rt.load(pte, threads=threads).run([x])
+        assert torch.equal(got, one), f"threads={threads} differs from one thread"
+
+
 @pytest.mark.parametrize("cin,cout,h,w", [(960, 22, 7, 7), (160, 13, 7, 7), (40, 9, 14, 14)])
 def test_pointwise_convolution_on_small_planes(rt, pipeline_program, cin, cout, h, w):
     """Planes whose column count ends in a partial tile (49, 196 columns): the last columns
