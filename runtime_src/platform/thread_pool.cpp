@@ -17,8 +17,8 @@ inline void cpu_relax() {
 #endif
 }
 
-// The task half of the word while run() writes a new loop's function, context and count: no
-// task can be claimed, of the old loop (its generation is gone) or of the new one.
+// The task half of a share's word while run() writes a new loop's function, context and
+// count: no task can be claimed, of the old loop (its generation is gone) or of the new one.
 constexpr int64_t kSealed = 0xffffffff;
 
 inline uint32_t generation_of(uint64_t word) {
@@ -26,6 +26,10 @@ inline uint32_t generation_of(uint64_t word) {
 }
 inline int64_t task_of(uint64_t word) {
   return int64_t(word & 0xffffffffu);
+}
+// The first task of thread t's share of a loop of n tasks (t == threads: n).
+inline int64_t share_begin(int64_t n, int t, int threads) {
+  return n * t / threads;
 }
 
 }  // namespace
@@ -58,29 +62,37 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_tasks(uint32_t generation, int thread) {
+  const int threads = num_workers_ + 1;
+  for (int i = 0; i < threads; ++i)
+    if (!run_share(generation, (thread + i) % threads, thread)) return;
+}
+
+bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
+  const int threads = num_workers_ + 1;
+  std::atomic<uint64_t>& next = next_[share];
   for (;;) {
-    uint64_t word = next_.load(std::memory_order_acquire);
-    if (generation_of(word) != generation) return;
+    uint64_t word = next.load(std::memory_order_acquire);
+    if (generation_of(word) != generation) return false;
     if (task_of(word) == kSealed) {  // run() is still writing this loop
       cpu_relax();
       continue;
     }
     // Read the loop before claiming: a successful claim proves the word did not change in
-    // between, and the loop is only rewritten under a sealed word of a newer generation; the
+    // between, and the loop is only rewritten under sealed words of a newer generation; the
     // loop cannot end while one of its tasks is claimed and unfinished.
-    // Sequentially consistent: a worker that reads a newer loop's values here also sees the
+    // Sequentially consistent: a thread that reads a newer loop's values here also sees the
     // seal that preceded them, so its claim below fails.
     const int64_t n = num_tasks_.load();
     const TaskFn fn = fn_.load();
     void* ctx = ctx_.load();
-    const int64_t first = task_of(word);
-    if (first >= n) return;
-    // Claim a share of what is left (a run of tasks), not one task: a loop of thousands of
-    // small tasks (one per channel, say) then costs a few dozen claims on the shared word
-    // instead of one each, and the shrinking shares still even out the threads' finish.
-    int64_t claim = (n - first) / (2 * int64_t(num_workers_ + 1));
+    const int64_t first = task_of(word), end = share_begin(n, share + 1, threads);
+    if (first >= end) return true;
+    // Claim half of what is left of the share (a run of tasks), not one task: a loop of
+    // thousands of small tasks (one per channel, say) then costs a few dozen claims instead
+    // of one each, and the shrinking claims still let the others help at the end.
+    int64_t claim = (end - first) / 2;
     if (claim < 1) claim = 1;
-    if (!next_.compare_exchange_weak(word, word + uint64_t(claim))) continue;
+    if (!next.compare_exchange_weak(word, word + uint64_t(claim))) continue;
     for (int64_t task = first; task < first + claim; ++task) fn(ctx, task, thread);
     // The thread that finishes the last task always wakes the caller under the mutex (once
     // per loop). Signalling only when the caller has said it sleeps would need a store-load
@@ -101,16 +113,20 @@ void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
     return;
   }
   pthread_mutex_lock(&run_mu_);
-  // Seal first: a worker still looping over the previous loop's (all claimed) tasks must not
-  // claim a task of this one against the previous word while the loop is being written.
-  const uint32_t generation = generation_of(next_.load(std::memory_order_relaxed)) + 1;
-  next_.store((uint64_t(generation) << 32) | uint64_t(kSealed));
+  const int threads = num_workers_ + 1;
+  // Seal first: a thread still looking for tasks of the previous loop (all claimed) must not
+  // claim a task of this one against a previous word while the loop is being written.
+  const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  for (int t = 0; t < threads; ++t)
+    next_[t].store((uint64_t(generation) << 32) | uint64_t(kSealed));
   fn_.store(fn);
   ctx_.store(ctx);
   num_tasks_.store(n);
   done_.store(0);
+  for (int t = 0; t < threads; ++t)  // publishes the loop, share by share
+    next_[t].store((uint64_t(generation) << 32) | uint64_t(share_begin(n, t, threads)));
   pthread_mutex_lock(&mu_);
-  next_.store(uint64_t(generation) << 32, std::memory_order_release);  // publishes the loop
+  generation_.store(generation, std::memory_order_release);  // wakes the workers
   pthread_cond_broadcast(&work_cv_);
   pthread_mutex_unlock(&mu_);
   run_tasks(generation, 0);
@@ -130,18 +146,18 @@ void* ThreadPool::worker_main(void* arg) {
   uint32_t seen = 0;
   for (;;) {
     for (int spin = 0; spin < kSpins; ++spin) {
-      if (generation_of(pool.next_.load(std::memory_order_acquire)) != seen ||
+      if (pool.generation_.load(std::memory_order_acquire) != seen ||
           pool.stop_.load(std::memory_order_relaxed))
         break;
       cpu_relax();
     }
     pthread_mutex_lock(&pool.mu_);
-    while (generation_of(pool.next_.load(std::memory_order_acquire)) == seen &&
+    while (pool.generation_.load(std::memory_order_acquire) == seen &&
            !pool.stop_.load(std::memory_order_relaxed))
       pthread_cond_wait(&pool.work_cv_, &pool.mu_);
     pthread_mutex_unlock(&pool.mu_);
     if (pool.stop_.load()) return nullptr;
-    seen = generation_of(pool.next_.load(std::memory_order_acquire));
+    seen = pool.generation_.load(std::memory_order_acquire);
     pool.run_tasks(seen, w.thread);
   }
 }

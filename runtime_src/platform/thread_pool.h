@@ -11,11 +11,14 @@
 
 namespace etb {
 
-/// `threads` - 1 worker threads plus the thread that calls run(). A loop is done when all of
-/// its tasks are, whether or not every worker took part, so a worker that the OS has not
-/// scheduled never holds the caller up. Workers spin briefly after a loop (the next kernel
-/// call usually follows within microseconds), then sleep. One loop runs at a time:
-/// concurrent run() calls take turns.
+/// `threads` - 1 worker threads plus the thread that calls run(). Each thread of a loop of n
+/// tasks starts on its own share, the t-th of `threads` equal runs of tasks, so that loops
+/// that order their tasks alike (a convolution's columns, then the next one's) give each
+/// thread the data it wrote itself, still in its core's cache. A thread whose share is done
+/// helps with the others', and a loop is done when all of its tasks are, whether or not every
+/// worker took part: a worker that the OS has not scheduled never holds the caller up.
+/// Workers spin briefly after a loop (the next kernel call usually follows within
+/// microseconds), then sleep. One loop runs at a time: concurrent run() calls take turns.
 class ThreadPool final : public Parallel {
  public:
   /// Most threads a pool runs.
@@ -37,8 +40,11 @@ class ThreadPool final : public Parallel {
     pthread_t handle;
   };
   static void* worker_main(void* arg);
-  // Claims and runs tasks of loop `generation` until none is left (or a newer loop began).
+  // Claims and runs tasks of loop `generation` until none is left (or a newer loop began):
+  // its own share first, then what is left of the others'.
   void run_tasks(uint32_t generation, int thread);
+  // Claims and runs tasks of share `share` of loop `generation`; false when a newer loop began.
+  bool run_share(uint32_t generation, int share, int thread);
 
   Worker workers_[kMaxThreads];
   int num_workers_ = 0;
@@ -46,8 +52,10 @@ class ThreadPool final : public Parallel {
   pthread_mutex_t mu_;      // guards sleeping and waking
   pthread_cond_t work_cv_;
   pthread_cond_t done_cv_;
-  // The current loop: its generation in the high 32 bits, the next unclaimed task below.
-  std::atomic<uint64_t> next_{0};
+  // The current loop's generation (workers wake on a new one) and, per thread's share, the
+  // generation in the high 32 bits and the share's next unclaimed task below.
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<uint64_t> next_[kMaxThreads] = {};
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
   std::atomic<TaskFn> fn_{nullptr};
   std::atomic<void*> ctx_{nullptr};
