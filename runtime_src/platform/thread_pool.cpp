@@ -69,24 +69,27 @@ void ThreadPool::run_tasks(uint32_t generation, int thread) {
 
 bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
   const int threads = num_workers_ + 1;
-  std::atomic<uint64_t>& next = next_[share];
+  std::atomic<uint64_t>& next = shares_[share].next;
+  int64_t ran = 0, n = 0;
+  bool newer = false;
   for (;;) {
     uint64_t word = next.load(std::memory_order_acquire);
-    if (generation_of(word) != generation) return false;
+    newer = generation_of(word) != generation;
+    if (newer) break;
     if (task_of(word) == kSealed) {  // run() is still writing this loop
       cpu_relax();
       continue;
     }
     // Read the loop before claiming: a successful claim proves the word did not change in
     // between, and the loop is only rewritten under sealed words of a newer generation; the
-    // loop cannot end while one of its tasks is claimed and unfinished.
+    // loop cannot end while one of its tasks is claimed and not yet counted.
     // Sequentially consistent: a thread that reads a newer loop's values here also sees the
     // seal that preceded them, so its claim below fails.
-    const int64_t n = num_tasks_.load();
+    n = num_tasks_.load();
     const TaskFn fn = fn_.load();
     void* ctx = ctx_.load();
     const int64_t first = task_of(word), end = share_begin(n, share + 1, threads);
-    if (first >= end) return true;
+    if (first >= end) break;
     // Claim half of what is left of the share (a run of tasks), not one task: a loop of
     // thousands of small tasks (one per channel, say) then costs a few dozen claims instead
     // of one each, and the shrinking claims still let the others help at the end.
@@ -94,16 +97,18 @@ bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
     if (claim < 1) claim = 1;
     if (!next.compare_exchange_weak(word, word + uint64_t(claim))) continue;
     for (int64_t task = first; task < first + claim; ++task) fn(ctx, task, thread);
-    // The thread that finishes the last task always wakes the caller under the mutex (once
-    // per loop). Signalling only when the caller has said it sleeps would need a store-load
-    // fence on each side: without one, each can miss the other's write and the caller sleeps
-    // forever.
-    if (done_.fetch_add(claim, std::memory_order_acq_rel) + claim == n) {
-      pthread_mutex_lock(&mu_);
-      pthread_cond_signal(&done_cv_);
-      pthread_mutex_unlock(&mu_);
-    }
+    ran += claim;
   }
+  // One count per thread and share (not per claim: the threads share this word). The thread
+  // that finishes the loop always wakes the caller under the mutex (once per loop).
+  // Signalling only when the caller has said it sleeps would need a store-load fence on each
+  // side: without one, each can miss the other's write and the caller sleeps forever.
+  if (ran > 0 && done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) {
+    pthread_mutex_lock(&mu_);
+    pthread_cond_signal(&done_cv_);
+    pthread_mutex_unlock(&mu_);
+  }
+  return !newer;
 }
 
 void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
@@ -118,13 +123,13 @@ void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
   // claim a task of this one against a previous word while the loop is being written.
   const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
   for (int t = 0; t < threads; ++t)
-    next_[t].store((uint64_t(generation) << 32) | uint64_t(kSealed));
+    shares_[t].next.store((uint64_t(generation) << 32) | uint64_t(kSealed));
   fn_.store(fn);
   ctx_.store(ctx);
   num_tasks_.store(n);
   done_.store(0);
   for (int t = 0; t < threads; ++t)  // publishes the loop, share by share
-    next_[t].store((uint64_t(generation) << 32) | uint64_t(share_begin(n, t, threads)));
+    shares_[t].next.store((uint64_t(generation) << 32) | uint64_t(share_begin(n, t, threads)));
   pthread_mutex_lock(&mu_);
   generation_.store(generation, std::memory_order_release);  // wakes the workers
   pthread_cond_broadcast(&work_cv_);
@@ -143,21 +148,25 @@ void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
 void* ThreadPool::worker_main(void* arg) {
   Worker& w = *static_cast<Worker*>(arg);
   ThreadPool& pool = *w.pool;
+  // A new loop shows first in the worker's own share (sealed, then published).
+  const std::atomic<uint64_t>& mine = pool.shares_[w.thread].next;
   uint32_t seen = 0;
   for (;;) {
-    for (int spin = 0; spin < kSpins; ++spin) {
-      if (pool.generation_.load(std::memory_order_acquire) != seen ||
-          pool.stop_.load(std::memory_order_relaxed))
-        break;
-      cpu_relax();
+    bool woke = false;
+    for (int spin = 0; spin < kSpins && !woke; ++spin) {
+      woke = generation_of(mine.load(std::memory_order_acquire)) != seen ||
+             pool.stop_.load(std::memory_order_relaxed);
+      if (!woke) cpu_relax();
     }
-    pthread_mutex_lock(&pool.mu_);
-    while (pool.generation_.load(std::memory_order_acquire) == seen &&
-           !pool.stop_.load(std::memory_order_relaxed))
-      pthread_cond_wait(&pool.work_cv_, &pool.mu_);
-    pthread_mutex_unlock(&pool.mu_);
+    if (!woke) {  // sleep until run() or the destructor says otherwise
+      pthread_mutex_lock(&pool.mu_);
+      while (pool.generation_.load(std::memory_order_acquire) == seen &&
+             !pool.stop_.load(std::memory_order_relaxed))
+        pthread_cond_wait(&pool.work_cv_, &pool.mu_);
+      pthread_mutex_unlock(&pool.mu_);
+    }
     if (pool.stop_.load()) return nullptr;
-    seen = pool.generation_.load(std::memory_order_acquire);
+    seen = generation_of(mine.load(std::memory_order_acquire));
     pool.run_tasks(seen, w.thread);
   }
 }

@@ -43,7 +43,8 @@ class ThreadPool final : public Parallel {
   // Claims and runs tasks of loop `generation` until none is left (or a newer loop began):
   // its own share first, then what is left of the others'.
   void run_tasks(uint32_t generation, int thread);
-  // Claims and runs tasks of share `share` of loop `generation`; false when a newer loop began.
+  // Claims and runs tasks of share `share` of loop `generation` until none is left; false
+  // when a newer loop began.
   bool run_share(uint32_t generation, int share, int thread);
 
   Worker workers_[kMaxThreads];
@@ -55,7 +56,10 @@ class ThreadPool final : public Parallel {
   // The current loop's generation (workers wake on a new one) and, per thread's share, the
   // generation in the high 32 bits and the share's next unclaimed task below.
   std::atomic<uint32_t> generation_{0};
-  std::atomic<uint64_t> next_[kMaxThreads] = {};
+  struct alignas(64) Share {  // a cache line each: threads claim from their own share
+    std::atomic<uint64_t> next{0};
+  };
+  Share shares_[kMaxThreads];
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
   std::atomic<TaskFn> fn_{nullptr};
   std::atomic<void*> ctx_{nullptr};
