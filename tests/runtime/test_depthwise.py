@@ -96,13 +96,17 @@ def _conv1d_cases(rng: random.Random, n: int) -> list[tuple[nn.Module, torch.Ten
     return cases
 
 
-def _check(rt, pipeline_program, cases, acts=None, profile_has=None):
+def _check(rt, pipeline_program, cases, acts=None, profile_has=None, threads=1):
     convs, xs = [c for c, _ in cases], [x for _, x in cases]
     module = Branches(convs, acts or [None] * len(convs)).eval()
     with torch.no_grad():
         wants = module(*xs)
-    prog = rt.load(str(pipeline_program(module, xs)))
+    pte = str(pipeline_program(module, xs))
+    prog = rt.load(pte)
     gots = prog.run(xs, profile=profile_has is not None)
+    for n in range(2, threads + 1):  # bit-identical at every thread count
+        for i, got in enumerate(rt.load(pte, threads=n).run(xs)):
+            assert torch.equal(got, gots[i]), f"{convs[i]} on {tuple(xs[i].shape)}, threads={n}"
     if profile_has is not None:
         names = [name for name, _ in prog.last_profile]
         assert names.count(profile_has) == len(cases), names
@@ -131,6 +135,24 @@ def test_mobilenet_shapes(rt, pipeline_program):
         for c, h, k, s in shapes
     ]
     _check(rt, pipeline_program, cases)
+
+
+def test_threads_split_channels_bit_identically(rt, pipeline_program):
+    """At 2 to 4 threads the channels are split in runs, each with its thread's scratch: the
+    templated, tap-table and plain paths, strides 1 to 3, batch 2, a fused clamp. Every output
+    is bit-identical to one thread's."""
+    torch.manual_seed(SEED + 60)
+    rng = random.Random(SEED + 60)
+    shapes = [(6, 112, 3, 1, 1), (5, 57, 3, 2, 1), (4, 33, 5, 1, 1), (3, 40, 5, 2, 2),
+              (7, 14, 3, 1, 1), (2, 35, 3, 3, 1)]  # (C, H, k, stride, batch)  # fmt: skip
+    cases = [
+        (_depthwise(rng, c, (k, k), stride=s, padding=k // 2), torch.randn(n, c, h, h + 3))
+        for c, h, k, s, n in shapes
+    ]
+    cases.append((_depthwise(rng, 3, (3, 3), padding=1, dilation=2), torch.randn(1, 3, 41, 20)))
+    cases.append((_depthwise(rng, 2, (3, 3), padding=1, mult=1), torch.randn(1, 2, 725, 731)))
+    acts = [nn.ReLU6() if i % 2 else None for i in range(len(cases))]
+    _check(rt, pipeline_program, cases, acts, threads=4)
 
 
 def test_general_path(rt, pipeline_program):
