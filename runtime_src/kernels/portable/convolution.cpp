@@ -135,10 +135,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   int64_t* offsets = reinterpret_cast<int64_t*>(base + taps_bytes);
   float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
   char* ws = base + taps_bytes + offsets_bytes + product_bytes;
-  for (int64_t c = 0; c < cin_g; ++c)
-    for (int64_t kh = 0; kh < s.KH; ++kh)
-      for (int64_t kw = 0; kw < s.KW; ++kw)
-        offsets[(c * s.KH + kh) * s.KW + kw] = L.tap_offset(s, c, kh, kw);
+  L.tap_offsets(s, cin_g, offsets);
   const int64_t HW = s.H * s.W;
   const KernelContext serial = ctx.within_task();
   for (int64_t n = 0; n < s.N; ++n) {

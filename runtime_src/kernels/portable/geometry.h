@@ -190,6 +190,13 @@ struct TapsLayout {
     const int64_t t = row_phase[kh * s.dh % s.sh] * col_phases + col_phase[kw * s.dw % s.sw];
     return (u * phases() + t) * plane_size() + kh * s.dh / s.sh * Wq + kw * s.dw / s.sw;
   }
+  // The GEMM's row offsets: off[(u * KH + kh) * KW + kw] = tap_offset(s, u, kh, kw) for the
+  // first `planes` input planes (a group's channels, or its words of channels).
+  void tap_offsets(const ConvShape& s, int64_t planes, int64_t* off) const {
+    for (int64_t u = 0; u < planes; ++u)
+      for (int64_t kh = 0; kh < s.KH; ++kh)
+        for (int64_t kw = 0; kw < s.KW; ++kw) *off++ = tap_offset(s, u, kh, kw);
+  }
   // Fills phase plane t (< phases()) of one input plane at d: rows out of the input and the
   // padding's columns with `pad`, the rest by interior(d + j, ih, iw, n), which writes the n
   // elements of input row ih from column iw on, sw apart.

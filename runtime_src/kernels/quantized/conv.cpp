@@ -263,10 +263,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   int64_t* offsets = reinterpret_cast<int64_t*>(static_cast<char*>(mem.value()) + words_bytes);
   char* a_base = reinterpret_cast<char*>(offsets + S);
   std::fill(words + s.groups * group_words, words + s.groups * group_words + nr, 0);
-  for (int64_t cs = 0; cs < csteps; ++cs)
-    for (int64_t kh = 0; kh < s.KH; ++kh)
-      for (int64_t kw = 0; kw < s.KW; ++kw)
-        offsets[(cs * s.KH + kh) * s.KW + kw] = L.tap_offset(s, cs, kh, kw);
+  L.tap_offsets(s, csteps, offsets);
   if (pw.packed == nullptr)
     for (int64_t g = 0; g < s.groups; ++g)
       qgemm_pack_taps(ctx, oc_g, cin_g, T, w + g * oc_g * cin_g * T,
