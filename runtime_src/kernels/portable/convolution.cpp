@@ -298,9 +298,12 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   // With threads, at least four tiles a thread where the plane has columns for them.
   const int64_t share = (P / (4 * threads) + 31) / 32 * 32;
   if (threads > 1 && share >= 32 && share < pc) pc = share;
-  // A small plane (ResNet18's 7x7 and 14x14 layers) is one tile: every extra tile reads all the
-  // weights again, and a plane's columns of up to 1 MB still stay in L2.
+#if !defined(ETB_BARE_METAL)
+  // Hosted, a small plane (ResNet18's 7x7 and 14x14 layers) is one tile: every extra tile
+  // reads all the weights again, and a plane's columns of up to 1 MB still stay in L2. (Bare
+  // metal keeps the tiles' bound: its scratch region is sized for them.)
   if (P * K * int64_t(sizeof(float)) <= int64_t(1) << 20) pc = P;
+#endif
   if (pc > P) pc = P;
   const int64_t tiles = (P + pc - 1) / pc;
   if (threads == 1 || tiles >= 2 * threads) {
