@@ -66,51 +66,99 @@ std::string printable(const char* s) {
 // How often a run started from the main thread looks for signals (Ctrl-C).
 constexpr auto kSignalPoll = std::chrono::milliseconds(20);
 
-// Runs m.execute() on a helper thread while this (the main) thread, with the GIL released
-// between checks, runs Python's signal handlers every kSignalPoll; when one raises, the run
-// is cancelled at its next instruction and the handler's exception propagates. Called with
-// the GIL held; returns the run's error (its message copied to this thread's).
-etb::Error execute_interruptible(etb::Method& m) {
-  std::atomic<bool> cancel{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  etb::Error result = etb::Error::Ok;
-  std::string message;
-  m.set_cancel_flag(&cancel);
-  bool interrupted = false;
-  {
-    nb::gil_scoped_release release;
-    std::thread worker([&] {
-      etb::Error e = m.execute();
-      std::lock_guard<std::mutex> lock(mu);
-      result = e;
-      if (e != etb::Error::Ok) message = etb::last_error_message();
-      done = true;
-      cv.notify_one();
-    });
-    std::unique_lock<std::mutex> lock(mu);
-    while (!done) {
-      if (cv.wait_for(lock, kSignalPoll, [&] { return done; })) break;
-      if (interrupted) continue;  // cancelled: wait for the run to stop
-      lock.unlock();
-      {
-        nb::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) {  // a handler raised: keep its exception pending
-          interrupted = true;
-          cancel.store(true);
-        }
-      }
-      lock.lock();
+// The thread that runs a program's methods for calls made on the main thread, which in the
+// meantime, with the GIL released between checks, runs Python's signal handlers every
+// kSignalPoll; when one raises, the run is cancelled at its next instruction and the
+// handler's exception propagates. One thread for the program's lifetime: starting a thread
+// per call cost about 85 us, more than a small model's whole run. Both sides spin for up to
+// kHandoffSpin before they sleep (back-to-back calls, and short runs, skip the futex wake).
+class RunThread {
+ public:
+  ~RunThread() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
     }
-    lock.unlock();
-    worker.join();
+    cv_.notify_all();
+    thread_.join();
   }
-  m.set_cancel_flag(nullptr);
-  if (interrupted) throw nb::python_error();
-  if (result != etb::Error::Ok) (void)etb::fail(result, "%s", message.c_str());
-  return result;
-}
+
+  // Called with the GIL held; returns the run's error (its message copied to this thread's).
+  etb::Error execute_interruptible(etb::Method& m) {
+    std::atomic<bool> cancel{false};
+    m.set_cancel_flag(&cancel);
+    bool interrupted = false;
+    {
+      nb::gil_scoped_release release;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
+        done_.store(false);
+        job_.store(&m);
+      }
+      cv_.notify_all();
+      spin_until([&] { return done_.load(std::memory_order_acquire); });
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!done_.load()) {
+        if (cv_.wait_for(lock, kSignalPoll, [&] { return done_.load(); })) break;
+        if (interrupted) continue;  // cancelled: wait for the run to stop
+        lock.unlock();
+        {
+          nb::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) {  // a handler raised: keep its exception pending
+            interrupted = true;
+            cancel.store(true);
+          }
+        }
+        lock.lock();
+      }
+    }
+    m.set_cancel_flag(nullptr);
+    if (interrupted) throw nb::python_error();
+    if (result_ != etb::Error::Ok) (void)etb::fail(result_, "%s", message_.c_str());
+    return result_;
+  }
+
+ private:
+  static constexpr auto kHandoffSpin = std::chrono::microseconds(50);
+
+  template <class Ready>
+  static void spin_until(Ready ready) {
+    const auto until = std::chrono::steady_clock::now() + kHandoffSpin;
+    while (!ready() && std::chrono::steady_clock::now() < until) {
+    }
+  }
+
+  void serve() {
+    for (;;) {
+      spin_until([&] { return job_.load(std::memory_order_acquire) != nullptr; });
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || job_.load() != nullptr; });
+        if (stop_) return;
+      }
+      etb::Method* m = job_.exchange(nullptr);
+      etb::clear_error_message();
+      result_ = m->execute();
+      message_ = result_ != etb::Error::Ok ? etb::last_error_message() : "";
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.store(true);
+      }
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;  // guards sleeping and waking
+  std::condition_variable cv_;
+  std::atomic<etb::Method*> job_{nullptr};  // the method to run next
+  std::atomic<bool> done_{false};           // the last job finished: result_, message_ are set
+  bool stop_ = false;
+  etb::Error result_ = etb::Error::Ok;
+  std::string message_;
+  std::thread thread_;
+};
 
 bool on_main_thread() {
   static const unsigned long main_ident = PyThread_get_thread_ident();  // at module import
@@ -410,7 +458,7 @@ class PyProgram {
     }
     etb::Error e;
     if (on_main_thread()) {
-      e = execute_interruptible(m);
+      e = run_thread_.execute_interruptible(m);
     } else {  // only the main thread runs signal handlers
       nb::gil_scoped_release release;
       e = m.execute();
@@ -457,6 +505,7 @@ class PyProgram {
   std::optional<etb::Program> program_;
   std::map<std::string, std::unique_ptr<MethodState>> methods_;
   std::vector<std::pair<std::string, double>> last_profile_;
+  RunThread run_thread_;  // stops before the methods it runs are destroyed (declared last)
 };
 
 }  // namespace

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -274,6 +275,38 @@ def test_ctrl_c_interrupts_a_long_run(tmp_path):
         out, err = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 3.0
     assert out.split() == ["interrupted", "again", "True"], (out, err)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_runs_from_the_main_thread_share_one_helper_thread(tmp_path):
+    """A run called from the main thread executes on a helper thread (the main one meanwhile
+    runs Python's signal handlers): one per program, started by its first run and joined when
+    the program goes, not one per call (starting a thread cost more than a small model's run)."""
+    from rt_helpers import write_loop_program
+
+    once = write_loop_program(tmp_path / "once.pte", jump_back=False)
+    child = textwrap.dedent(
+        f"""
+        import gc, os, torch
+        import etbuild.runtime as rt
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+        x = torch.randn(2, 3)
+        prog = rt.load({str(once)!r})
+        before = threads()
+        ok = all(torch.equal(prog.run([x])[0], x + x) for _ in range(1))
+        first = threads()
+        ok = ok and all(torch.equal(prog.run([x])[0], x + x) for _ in range(50))
+        later = threads()
+        del prog
+        gc.collect()
+        print(ok, first - before, later - before, threads() - before)
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parent)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "1", "1", "0"], res.stdout
 
 
 def test_runner_stops_a_looping_program(tmp_path, zoo_build):
