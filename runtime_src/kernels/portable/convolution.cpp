@@ -117,12 +117,17 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const TapsLayout L(s);
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
   const int64_t Q = L.columns(s), P = s.OH * s.OW, plane = L.phases() * L.plane_size();
-  // Tasks: (group, run of columns), a run one GEMM of its own on one thread (one parallel loop,
-  // not one per block of the GEMM's); runs start at multiples of 32 columns, whole tiles on
-  // every ISA, so every column is summed the same way at any thread count.
+  // Tasks: (group, run of columns, chunk of output channels), each one GEMM of its own on one
+  // thread (one parallel loop, not one per block of the GEMM's); runs start at multiples of 32
+  // columns, whole tiles on every ISA, so every column is summed the same way at any thread
+  // count (a channel's sums do not depend on the rows beside it). A small plane has few runs
+  // (a 14x14 output: 7): its channels are split too, so that the threads get equal shares.
   const int threads = ctx.num_threads();
-  const int64_t steps = (Q + 31) / 32;
-  const int64_t runs = threads == 1 ? 1 : (4 * threads < steps ? 4 * threads : steps);
+  const int64_t steps = (Q + 31) / 32, want = 4 * int64_t(threads);
+  const int64_t runs = threads == 1 ? 1 : (want < steps ? want : steps);
+  const int64_t units = (oc_g + 23) / 24;  // chunks of 24 channels: whole tiles of 4, 6 or 8
+  int64_t chunks = threads == 1 ? 1 : (want + s.groups * runs - 1) / (s.groups * runs);
+  if (chunks > units) chunks = units;
   const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
   const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
@@ -148,16 +153,18 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
     };
     ctx.parallel_for(s.C * L.phases(), fill);
     auto multiply = [&](int64_t t, int thread) {
-      const int64_t g = t / runs, r = t % runs;
+      const int64_t c = t % chunks, r = t / chunks % runs, g = t / (chunks * runs);
       const int64_t q0 = steps * r / runs * 32, q_end = steps * (r + 1) / runs * 32;
       const int64_t q1 = q_end < Q ? q_end : Q;
+      const int64_t m0 = units * c / chunks * 24, m_end = units * (c + 1) / chunks * 24;
+      const int64_t m1 = m_end < oc_g ? m_end : oc_g, row = g * oc_g + m0;
       GemmEpilogue gep = ep;
-      gep.bias = bias != nullptr ? bias + g * oc_g : nullptr;
-      sgemm_rows(serial, oc_g, q1 - q0, K, w + g * oc_g * K, K, taps + g * cin_g * plane + q0,
-                 offsets, product + g * oc_g * Q + q0, Q, gep,
+      gep.bias = bias != nullptr ? bias + row : nullptr;
+      sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, taps + g * cin_g * plane + q0,
+                 offsets, product + row * Q + q0, Q, gep,
                  reinterpret_cast<float*>(ws + size_t(thread) * ws_bytes));
     };
-    ctx.parallel_for(s.groups * runs, multiply);
+    ctx.parallel_for(s.groups * runs * chunks, multiply);
     float* yn = y + n * s.OC * P;
     auto copy_out = [&](int64_t m, int) {
       for (int64_t oh = 0; oh < s.OH; ++oh)
