@@ -541,7 +541,9 @@ class SearchConfig:
 
     objectives: list[SearchObjective] = field(
         default_factory=lambda: [
-            SearchObjective.latency_ms, SearchObjective.size_kb, SearchObjective.sqnr_db
+            SearchObjective.latency_ms,
+            SearchObjective.size_kb,
+            SearchObjective.sqnr_db,
         ]
     )
     max_size_kb: float | None = bounded(None, gt=0)

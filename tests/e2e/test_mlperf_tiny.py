@@ -38,8 +38,11 @@ def ptq_build(tmp_path_factory: pytest.TempPathFactory):
     def get(name: str):
         if name not in done:
             run_dir = tmp_path_factory.mktemp(f"ptq_{name}")
-            done[name] = run_dir, build_in_process(
-                ["+quant=ptq", f"model={name}", "pipeline.stop_after=reference"], run_dir
+            done[name] = (
+                run_dir,
+                build_in_process(
+                    ["+quant=ptq", f"model={name}", "pipeline.stop_after=reference"], run_dir
+                ),
             )
         return done[name]
 
