@@ -272,14 +272,29 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
     return pw.packed != nullptr ? pw.group(g)
                                 : reinterpret_cast<const int16_t*>(a_base + size_t(g) * a_bytes);
   };
-  // Tasks: (group, run of panels, chunk of rows). One thread: a group's columns are one run.
-  // Threads: runs of a panel or more, at least 4 tasks a thread, chunks of rows only where
-  // the panels are too few for that.
+  // Blocks of panels whose words (the group's layout, a share a column) stay in cache while
+  // every sliver of the weights runs over them: the weights are read once a block.
   const int64_t all_panels = (Q + nr - 1) / nr, slivers = (oc_g + mr - 1) / mr;
+  const size_t group_bytes = size_t(group_words) * sizeof(int32_t);
+  int64_t block_panels = int64_t(qgemm_block_bytes() * size_t(all_panels) / group_bytes);
+  block_panels = block_panels < 1 ? 1 : block_panels > all_panels ? all_panels : block_panels;
+  // Tasks: (group, run of panels, chunk of rows). One thread: a group's columns are one run.
+  // Threads: at least 4 tasks a thread. Where a group's layout is one block, they split its
+  // rows (each reads every column, from its own cache, and a share of the weights: runs of
+  // columns would each read all the weights); else runs of a panel or more, chunks of rows
+  // only where the panels are too few for that.
   const int64_t threads = ctx.num_threads(), want = 4 * threads;
-  const int64_t runs = threads == 1 ? 1 : all_panels < want ? all_panels : want;
-  int64_t chunks = threads > 1 ? (want + s.groups * runs - 1) / (s.groups * runs) : 1;
-  if (chunks > slivers) chunks = slivers;
+  int64_t runs = 1, chunks = 1;
+  if (threads > 1 && block_panels == all_panels) {
+    chunks = (want + s.groups - 1) / s.groups;
+    if (chunks > slivers) chunks = slivers;
+    runs = (want + s.groups * chunks - 1) / (s.groups * chunks);
+    if (runs > all_panels) runs = all_panels;
+  } else if (threads > 1) {
+    runs = all_panels < want ? all_panels : want;
+    chunks = (want + s.groups * runs - 1) / (s.groups * runs);
+    if (chunks > slivers) chunks = slivers;
+  }
   for (int64_t n = 0; n < s.N; ++n) {
     fill_taps_layout(ctx, s, L, x + n * s.C * s.H * s.W, int8_t(xzp), words);
     auto task = [&](int64_t t, int) {
@@ -292,7 +307,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
       const int64_t q1 = q_end < Q ? q_end : Q;
       const int64_t m0 = slivers * r / chunks * mr, m1 = slivers * (r + 1) / chunks * mr;
       qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), words + g * group_words, offsets,
-                 q0, q1, taps_tile, &te);
+                 q0, q1, block_panels * nr, taps_tile, &te);
     };
     ctx.parallel_for(s.groups * runs * chunks, task);
   }

@@ -542,6 +542,10 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
   multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panel, fn, ctx);
 }
 
+size_t qgemm_block_bytes() {
+  return size_t(kBlockBytes);
+}
+
 int64_t qgemm_step_channels() {
   return kStepK;
 }
@@ -583,12 +587,11 @@ int32_t qgemm_fill_word(int8_t v) {
 
 void qgemm_taps(int64_t m_begin, int64_t m_end, int64_t C, int64_t T, const int16_t* apack,
                 const int32_t* words, const int64_t* offsets, int64_t q_begin, int64_t q_end,
-                QTileFn fn, void* ctx) {
+                int64_t block, QTileFn fn, void* ctx) {
   const int64_t K = taps_depth(C, T), S = steps(K);
   alignas(64) int32_t tile[kMR * kNR];
   const int16_t* ar[kMR];
-  // Blocks of panels whose words stay in cache across the slivers (as a packed B block).
-  const int64_t block = block_cols(K);
+  if (block < kNR) block = kNR;
   for (int64_t b0 = q_begin; b0 < q_end; b0 += block) {
     const int64_t b1 = min64(q_end, b0 + block);
     for (int64_t m0 = m_begin; m0 < m_end; m0 += kMR) {

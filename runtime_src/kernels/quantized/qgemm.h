@@ -94,14 +94,20 @@ void qgemm_pack_pixels(const int8_t* x, int64_t c_stride, int64_t step, int64_t 
                        int32_t* out);
 /// The word of a pixel whose every channel holds v (a padding pixel).
 int32_t qgemm_fill_word(int8_t v);
+/// Bytes of B's words that a block of columns may span and still stay in cache while every
+/// sliver of A's rows runs over it (qgemm's own B blocks are this size).
+size_t qgemm_block_bytes();
 /// Rows [m_begin, m_end) of A (packed by qgemm_pack_taps for C x T; m_begin a multiple of
 /// qgemm_tile_rows()) times columns [q_begin, q_end) of B on the calling thread, delivered to
 /// `fn` a tile at a time. Sums equal qgemm's with A's rows and B's columns in that depth order.
+/// The columns go in blocks of `block` (a multiple of qgemm_panel_columns()), each multiplied
+/// by every row before the next: the caller sizes a block from its layout, so that the words
+/// its columns read fit in qgemm_block_bytes().
 /// Panels are whole: each step reads the words up to offsets[st] + q_begin + (q_end - q_begin
 /// rounded up to whole panels), the columns past q_end being computed and not delivered.
 void qgemm_taps(int64_t m_begin, int64_t m_end, int64_t C, int64_t T, const int16_t* apack,
                 const int32_t* words, const int64_t* offsets, int64_t q_begin, int64_t q_end,
-                QTileFn fn, void* ctx);
+                int64_t block, QTileFn fn, void* ctx);
 
 /// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row; the
 /// rows are split over kctx's threads.
