@@ -136,15 +136,18 @@ def test_stride_1_convolutions_read_the_input_in_place(
 @pytest.mark.parametrize(
     "cin,cout,hw,groups",
     [
-        (32, 100, (14, 14), 1),  # 7 runs of 32 columns: 2 to 3 chunks of channels at 2-4 threads
+        # weights bigger than the layout: chunks of channels (5), then 2 runs of columns
+        (32, 100, (14, 14), 1),
         (24, 50, (12, 13), 2),  # groups, and a last chunk shorter than the others
+        # a layout bigger than the weights: runs of columns; at one thread, two depth blocks
+        # of 32 planes and two blocks of columns (1536 + 144)
+        (64, 12, (40, 40), 1),
     ],
 )
-def test_stride_1_convolutions_on_small_planes_split_channels_over_threads(
-    rt, pipeline_program, cin, cout, hw, groups
-):
-    """A small plane has too few runs of columns to give every thread several: the taps path
-    splits the output channels too. Exact against torch, and bit-identical at 2 to 4 threads."""
+def test_stride_1_convolutions_split_over_threads(rt, pipeline_program, cin, cout, hw, groups):
+    """The taps path splits a convolution over the threads by chunks of output channels where
+    the weights outweigh the input's layout (deep layers on small planes), else by runs of
+    columns. Exact against torch, and bit-identical at 2 to 4 threads."""
     torch.manual_seed(cin * cout)
     module = nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, groups=groups), nn.ReLU6()).eval()
     x = torch.randn(1, cin, *hw)

@@ -322,14 +322,17 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
 }
 
 // A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
-// column blocks whose kc x NC slice of B stays in L2.
+// column blocks whose kc x NC slice of B stays in L2. Where `rows_per_plane` rows are
+// windows of one plane (a convolution's taps), the slice holds kc / rows_per_plane planes.
 template <class Rows>
 void general(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
+             Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace,
+             int64_t rows_per_plane = 1) {
   constexpr int64_t kMaxDepth = 512;
   const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
   const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
-  const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (kc > 0 ? kc : 1));
+  const int64_t planes = rows_per_plane > 1 ? (kc + rows_per_plane - 1) / rows_per_plane : kc;
+  const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (planes > 0 ? planes : 1));
   blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, C, ldc, ep, nc, kc, false, workspace);
 }
 
@@ -359,10 +362,11 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
 }
 
 void sgemm_rows(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
-                int64_t lda, const float* B, const int64_t* row_offsets, float* C, int64_t ldc,
-                const GemmEpilogue& ep, float* workspace) {
+                int64_t lda, const float* B, const int64_t* row_offsets, int64_t rows_per_plane,
+                float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {
   if (M <= 0 || N <= 0) return;
-  general(ctx, M, N, K, A, lda, OffsetRows{B, row_offsets, K - 1}, C, ldc, ep, workspace);
+  general(ctx, M, N, K, A, lda, OffsetRows{B, row_offsets, K - 1}, C, ldc, ep, workspace,
+          rows_per_plane);
 }
 
 }  // namespace native

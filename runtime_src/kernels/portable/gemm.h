@@ -39,9 +39,11 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
 /// sgemm with B's rows where the caller puts them: row k starts at B + row_offsets[k] (K
 /// entries) and its N elements are contiguous. A convolution's taps layout gives each row
 /// (one input channel at one tap) as a window of a padded input plane, with no im2col copy.
+/// `rows_per_plane`: how many consecutive rows are windows of one plane (a channel's taps),
+/// so that a block of columns, sized to stay in cache, counts each plane once.
 void sgemm_rows(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
-                int64_t lda, const float* B, const int64_t* row_offsets, float* C, int64_t ldc,
-                const GemmEpilogue& epilogue, float* workspace);
+                int64_t lda, const float* B, const int64_t* row_offsets, int64_t rows_per_plane,
+                float* C, int64_t ldc, const GemmEpilogue& epilogue, float* workspace);
 
 }  // namespace native
 }  // namespace etb
