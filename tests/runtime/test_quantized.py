@@ -222,11 +222,12 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
     [
         # (N, C, H, W, OC, k, stride, pad, groups)
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
-        # 3x3, taps path, a layout that stays in cache: chunks of rows (5 or 3), then runs
-        (1, 8, 48, 45, 20, 3, 1, 1, 1),
-        (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and rows
-        (1, 24, 9, 9, 40, 3, 1, 1, 1),  # a small plane: chunks of rows
-        # a layout bigger than a block (215 KiB or more): runs of panels, several blocks
+        (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3, taps path: the threads split runs of panels
+        (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and run
+        # a small plane, weights bigger than the layout: chunks of rows (at 3 and 4 threads
+        # every sliver is a chunk), then runs of panels
+        (1, 24, 9, 9, 40, 3, 1, 1, 1),
+        # a layout bigger than a block (215 KiB or more): runs of panels, several blocks each
         (1, 64, 56, 56, 12, 3, 1, 1, 1),
         # im2col (3 channels): a 28x28 plane's 49 steps of 16 columns dealt into tiles of 6
         # or 7 (2 threads: 8), each task packing and multiplying a tile

@@ -120,25 +120,12 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   // Tasks: (group, run of columns, chunk of output channels), each one GEMM of its own on one
   // thread (one parallel loop, not one per block of the GEMM's); runs start at multiples of 32
   // columns, whole tiles on every ISA, so every column is summed the same way at any thread
-  // count (a channel's sums do not depend on the rows beside it). Each task reads its
-  // channels' weights and its columns' layout, so the split is by the smaller of the two:
-  // where a group's weights outweigh its layout (deep layers on small planes), chunks of
-  // channels first (runs of columns would each read all the weights), else runs of columns,
-  // and chunks of channels where the runs are too few (a 14x14 output has 7).
+  // count (a channel's sums do not depend on the rows beside it). Chunks are of 24 channels,
+  // whole tiles of 4, 6 or 8 rows.
   const int threads = ctx.num_threads();
-  const int64_t steps = (Q + 31) / 32, want = 4 * int64_t(threads);
-  const int64_t units = (oc_g + 23) / 24;  // chunks of 24 channels: whole tiles of 4, 6 or 8
-  int64_t runs = 1, chunks = 1;
-  if (threads > 1 && oc_g * K >= cin_g * plane) {
-    chunks = (want + s.groups - 1) / s.groups;
-    if (chunks > units) chunks = units;
-    runs = (want + s.groups * chunks - 1) / (s.groups * chunks);
-    if (runs > steps) runs = steps;
-  } else if (threads > 1) {
-    runs = want < steps ? want : steps;
-    chunks = (want + s.groups * runs - 1) / (s.groups * runs);
-    if (chunks > units) chunks = units;
-  }
+  const int64_t steps = (Q + 31) / 32, units = (oc_g + 23) / 24;
+  const TapsSplit split(threads, s.groups, steps, units, oc_g * K >= cin_g * plane);
+  const int64_t runs = split.runs, chunks = split.chunks;
   const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
   const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;

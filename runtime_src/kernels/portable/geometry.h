@@ -218,6 +218,32 @@ struct TapsLayout {
   }
 };
 
+/// How a taps-path convolution's GEMMs are split over `threads`: each of the `groups` groups
+/// into `runs` runs of its column units times `chunks` chunks of its row units (output
+/// channels), at least four tasks a thread where the units allow. A task reads the weights of
+/// its rows and the layout of its columns, so the split starts on the operand that is the
+/// bigger to read again: rows where the weights outweigh the layout (deep layers on small
+/// planes), then columns where that gave too few tasks; otherwise columns, then rows.
+struct TapsSplit {
+  int64_t runs = 1, chunks = 1;
+  TapsSplit(int threads, int64_t groups, int64_t col_units, int64_t row_units,
+            bool weights_outweigh_layout) {
+    if (threads <= 1) return;
+    const int64_t want = 4 * int64_t(threads);
+    auto share = [&](int64_t tasks, int64_t units) {  // enough units to make `want` tasks
+      const int64_t n = (want + tasks - 1) / tasks;
+      return n < units ? n : units;
+    };
+    if (weights_outweigh_layout) {
+      chunks = share(groups, row_units);
+      runs = share(groups * chunks, col_units);
+    } else {
+      runs = share(groups, col_units);
+      chunks = share(groups * runs, row_units);
+    }
+  }
+};
+
 /// PyTorch's pooling_output_shape.
 inline int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil,
                            bool ceil) {

@@ -278,23 +278,12 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   const size_t group_bytes = size_t(group_words) * sizeof(int32_t);
   int64_t block_panels = int64_t(qgemm_block_bytes() * size_t(all_panels) / group_bytes);
   block_panels = block_panels < 1 ? 1 : block_panels > all_panels ? all_panels : block_panels;
-  // Tasks: (group, run of panels, chunk of rows). One thread: a group's columns are one run.
-  // Threads: at least 4 tasks a thread. Where a group's layout is one block, they split its
-  // rows (each reads every column, from its own cache, and a share of the weights: runs of
-  // columns would each read all the weights); else runs of a panel or more, chunks of rows
-  // only where the panels are too few for that.
-  const int64_t threads = ctx.num_threads(), want = 4 * threads;
-  int64_t runs = 1, chunks = 1;
-  if (threads > 1 && block_panels == all_panels) {
-    chunks = (want + s.groups - 1) / s.groups;
-    if (chunks > slivers) chunks = slivers;
-    runs = (want + s.groups * chunks - 1) / (s.groups * chunks);
-    if (runs > all_panels) runs = all_panels;
-  } else if (threads > 1) {
-    runs = all_panels < want ? all_panels : want;
-    chunks = (want + s.groups * runs - 1) / (s.groups * runs);
-    if (chunks > slivers) chunks = slivers;
-  }
+  // Tasks: (group, run of panels, chunk of slivers of rows), split as TapsSplit says from the
+  // bytes of a group's packed weights and of its layout.
+  const size_t weight_bytes = qgemm_packed_taps_bytes(oc_g, cin_g, T);
+  const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
+                        weight_bytes >= group_bytes);
+  const int64_t runs = split.runs, chunks = split.chunks;
   for (int64_t n = 0; n < s.N; ++n) {
     fill_taps_layout(ctx, s, L, x + n * s.C * s.H * s.W, int8_t(xzp), words);
     auto task = [&](int64_t t, int) {
