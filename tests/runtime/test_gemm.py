@@ -133,6 +133,21 @@ def test_stride_1_convolutions_read_the_input_in_place(
     _check(rt, pipeline_program, nn.Sequential(conv, nn.ReLU6()), [torch.randn(n, cin, *hw)])
 
 
+def _check_over_threads(rt, pipeline_program, conv, x, thread_counts) -> None:
+    """conv + ReLU6 at one thread against torch (its outputs of order one, varying), then
+    bit-identical to that at each of `thread_counts`."""
+    module = nn.Sequential(conv, nn.ReLU6()).eval()
+    with torch.no_grad():
+        want = module(x)
+    assert want.abs().max() > 0.1 and want.std() > 0.01
+    pte = str(pipeline_program(module, [x]))
+    (one,) = rt.load(pte).run([x])
+    assert_matches(one, want, 1e-4)
+    for threads in thread_counts:
+        (got,) = rt.load(pte, threads=threads).run([x])
+        assert torch.equal(got, one), f"threads={threads} differs from one thread"
+
+
 @pytest.mark.parametrize(
     "cin,cout,hw,groups",
     [
@@ -149,17 +164,8 @@ def test_stride_1_convolutions_split_over_threads(rt, pipeline_program, cin, cou
     the weights outweigh the input's layout (deep layers on small planes), else by runs of
     columns. Exact against torch, and bit-identical at 2 to 4 threads."""
     torch.manual_seed(cin * cout)
-    module = nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, groups=groups), nn.ReLU6()).eval()
-    x = torch.randn(1, cin, *hw)
-    with torch.no_grad():
-        want = module(x)
-    assert want.abs().max() > 0.1 and want.std() > 0.01
-    pte = str(pipeline_program(module, [x]))
-    (one,) = rt.load(pte).run([x])
-    assert_matches(one, want, 1e-4)
-    for threads in (2, 3, 4):
-        (got,) = rt.load(pte, threads=threads).run([x])
-        assert torch.equal(got, one), f"threads={threads} differs from one thread"
+    conv = nn.Conv2d(cin, cout, 3, 1, 1, groups=groups)
+    _check_over_threads(rt, pipeline_program, conv, torch.randn(1, cin, *hw), (2, 3, 4))
 
 
 @pytest.mark.parametrize(
@@ -178,17 +184,8 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
     threads, its packing split by channels and its product by rows). Exact against torch, and
     bit-identical at 1, 2 and 3 threads."""
     torch.manual_seed(cin * cout)
-    module = nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2), nn.ReLU6()).eval()
-    x = torch.randn(1, cin, *hw)
-    with torch.no_grad():
-        want = module(x)
-    assert want.abs().max() > 0.1 and want.std() > 0.01
-    pte = str(pipeline_program(module, [x]))
-    (one,) = rt.load(pte).run([x])
-    assert_matches(one, want, 1e-4)
-    for threads in (2, 3):
-        (got,) = rt.load(pte, threads=threads).run([x])
-        assert torch.equal(got, one), f"threads={threads} differs from one thread"
+    conv = nn.Conv2d(cin, cout, k, stride, k // 2)
+    _check_over_threads(rt, pipeline_program, conv, torch.randn(1, cin, *hw), (2, 3))
 
 
 @pytest.mark.parametrize("cin,cout,h,w", [(960, 22, 7, 7), (160, 13, 7, 7), (40, 9, 14, 14)])

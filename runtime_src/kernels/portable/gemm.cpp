@@ -331,7 +331,7 @@ void general(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   constexpr int64_t kMaxDepth = 512;
   const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
   const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
-  const int64_t planes = rows_per_plane > 1 ? (kc + rows_per_plane - 1) / rows_per_plane : kc;
+  const int64_t planes = (kc + rows_per_plane - 1) / rows_per_plane;
   const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (planes > 0 ? planes : 1));
   blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, C, ldc, ep, nc, kc, false, workspace);
 }

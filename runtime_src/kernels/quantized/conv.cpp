@@ -255,7 +255,8 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   const int64_t nr = qgemm_panel_columns(), mr = qgemm_tile_rows();
   const int64_t group_words = csteps * L.phases() * L.plane_size();
   const size_t words_bytes = size_t(s.groups * group_words + nr) * sizeof(int32_t);
-  const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_taps_bytes(oc_g, cin_g, T);
+  const size_t weight_bytes = qgemm_packed_taps_bytes(oc_g, cin_g, T);  // a group's, packed
+  const size_t a_bytes = pw.packed != nullptr ? 0 : weight_bytes;
   Result<void*> mem =
       ctx.allocate_temp(words_bytes + size_t(S) * sizeof(int64_t) + a_bytes * size_t(s.groups), 64);
   if (!mem.ok()) return mem.error();
@@ -280,7 +281,6 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   block_panels = block_panels < 1 ? 1 : block_panels > all_panels ? all_panels : block_panels;
   // Tasks: (group, run of panels, chunk of slivers of rows), split as TapsSplit says from the
   // bytes of a group's packed weights and of its layout.
-  const size_t weight_bytes = qgemm_packed_taps_bytes(oc_g, cin_g, T);
   const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
                         weight_bytes >= group_bytes);
   const int64_t runs = split.runs, chunks = split.chunks;
