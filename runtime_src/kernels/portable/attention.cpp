@@ -6,6 +6,7 @@
 // A row with every score masked gives zeros (as torch's safe softmax). Each leading index is
 // three steps: k transposed into temp memory, the L x S scores by the GEMM, each row's masked
 // softmax in place, then the scores times v by the GEMM straight into the output.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/portable/gemm.h"
@@ -110,9 +111,10 @@ Error sdpa_out(KernelContext& ctx, const Tensor& query, const Tensor& key, const
   if (attn_mask != nullptr) ETB_TRY(mask_view(*attn_mask, query, L, S, &mask));
   const MaskView* m = attn_mask != nullptr ? &mask : nullptr;
 
-  const int64_t depth = E > S ? E : S;
-  Result<void*> mem =
-      ctx.allocate_temp(size_t(E * S + L * S) * sizeof(float) + sgemm_workspace_bytes(depth), 64);
+  // scores [L x S] = q [L x E] * kt [E x S]; y [L x Ev] = scores * v [S x Ev].
+  const size_t ws_bytes =
+      std::max(sgemm_workspace_bytes(L, S, E, S), sgemm_workspace_bytes(L, Ev, S, Ev));
+  Result<void*> mem = ctx.allocate_temp(size_t(E * S + L * S) * sizeof(float) + 64 + ws_bytes, 64);
   if (!mem.ok()) return mem.error();
   float* kt = static_cast<float*>(mem.value());
   float* scores = kt + E * S;

@@ -129,7 +129,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
   const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
-  const size_t ws_bytes = (sgemm_workspace_bytes(K) + 63) / 64 * 64;
+  const size_t ws_bytes = (sgemm_rows_workspace_bytes(K) + 63) / 64 * 64;
   Result<void*> mem = ctx.allocate_temp(
       taps_bytes + offsets_bytes + product_bytes + ws_bytes * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
@@ -282,7 +282,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   ep.clamp = ctx.output_clamp();
   const float* b = bias != nullptr ? bias->data_as<float>() : nullptr;
   if (pointwise) {
-    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
+    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(oc_g, P, K, P), 64);
     if (!ws.ok()) return ws.error();
     for (int64_t n = 0; n < s.N; ++n)
       for (int64_t g = 0; g < groups; ++g) {
@@ -311,12 +311,16 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
 #endif
   if (pc > P) pc = P;
   const int64_t tiles = (P + pc - 1) / pc;
+  // The GEMM's workspace for a whole tile of columns and for the last, narrower one.
+  const int64_t last_cols = P - (tiles - 1) * pc;
+  const size_t gemm_ws = std::max(sgemm_workspace_bytes(oc_g, pc, K, pc),
+                                  sgemm_workspace_bytes(oc_g, last_cols, K, last_cols));
   if (threads == 1 || tiles >= 2 * threads) {
     // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
     // there, so the whole convolution is one parallel loop (a tile's columns are computed the
     // same way on any thread).
     const size_t col_bytes = (size_t(K * pc) * sizeof(float) + 63) / 64 * 64;
-    const size_t ws_bytes = (sgemm_workspace_bytes(K) + 63) / 64 * 64;
+    const size_t ws_bytes = (gemm_ws + 63) / 64 * 64;
     Result<void*> tmp = ctx.allocate_temp((col_bytes + ws_bytes) * size_t(threads), 64);
     if (!tmp.ok()) return tmp.error();
     const KernelContext serial = ctx.within_task();
@@ -340,7 +344,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   Result<void*> tmp = ctx.allocate_temp(size_t(K * pc) * sizeof(float));
   if (!tmp.ok()) return tmp.error();
   float* col = static_cast<float*>(tmp.value());
-  Result<void*> ws_mem = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
+  Result<void*> ws_mem = ctx.allocate_temp(gemm_ws, 64);
   if (!ws_mem.ok()) return ws_mem.error();
   float* ws = static_cast<float*>(ws_mem.value());
   for (int64_t n = 0; n < s.N; ++n)

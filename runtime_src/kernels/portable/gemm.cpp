@@ -11,8 +11,15 @@
 //
 // Blocking: columns go in blocks whose K x NC slice of B stays in L2 while every row sliver
 // of A runs over it (the sliver, kMR x K, stays in L1 across the block's tiles).
+//
+// Panels: where B's rows do not start on a vector boundary (a 7x7 or 14x14 plane: 49 or 196
+// columns) and several row tiles read each tile's columns, every tile of B's row k straddles
+// two cache lines, so a tile reads twice the lines its columns fill, from L2. There the
+// slice is first copied into panels, one per tile of columns, each [kc x tile width] and
+// contiguous: a tile then reads whole lines, one per step, in order.
 #include "kernels/portable/gemm.h"
 
+#include <type_traits>
 #include <utility>
 
 #include "kernels/simd.h"
@@ -240,12 +247,22 @@ constexpr int merged_nv() {
 #endif
 }
 
+// A column block of nc_block columns as blocked() rounds it: whole tiles of NV vectors.
+template <int NV>
+int64_t whole_tiles(int64_t nc_block) {
+  constexpr int kNR = NV * kW;
+  return nc_block < kNR ? kNR : nc_block / kNR * kNR;
+}
+
+// `panels`, when not null, holds a kc_block x nc_block slice of B, into which each slice is
+// copied as panels of whole tiles (see the top of the file) before its tiles run; only with
+// B's rows in place (StridedRows) and where no tile merges the tail (AVX-512).
 template <int MR, int NV, class Rows>
 void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
              Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, int64_t nc_block,
-             int64_t kc_block, bool depth_in_task, float* workspace) {
+             int64_t kc_block, bool depth_in_task, float* workspace, float* panels = nullptr) {
   constexpr int kNR = NV * kW, kMergedNV = merged_nv<MR, NV>();
-  nc_block = nc_block < kNR ? kNR : nc_block / kNR * kNR;
+  nc_block = whole_tiles<NV>(nc_block);
   if (kc_block < 1) kc_block = 1;
   const int64_t row_tiles = (M + MR - 1) / MR;
   const int64_t col_blocks = (N + nc_block - 1) / nc_block;
@@ -259,7 +276,27 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   const int64_t dot_n0 = N - dot_cols;
   for (int j = 0; j < dot_cols; ++j)
     for (int64_t k = 0; k < K; ++k) workspace[j * K + k] = B.row(k)[dot_n0 + j];
-  const bool one_loop = depth_blocks == 1 || depth_in_task;
+  // One parallel loop where there is one slice (or B is read once whatever the order);
+  // panels hold one slice, so with several column blocks each is a loop of its own.
+  const bool one_loop =
+      (depth_blocks == 1 && (panels == nullptr || col_blocks == 1)) || depth_in_task;
+  // Copies the slice (column block cb, depth from k0) into panels: tile jt's columns at
+  // panels + jt kc kNR, row k of the panel at k times its width (kNR, or the tail's
+  // tail_nv vectors); the dot columns stay out.
+  auto pack_slice = [&](int64_t cb, int64_t k0) {
+    if constexpr (std::is_same_v<Rows, StridedRows>) {
+      const int64_t n0 = cb * nc_block, kc = min64(kc_block, K - k0);
+      const int64_t vec_cols = min64(nc_block, dot_n0 - n0);  // whole vectors in the block
+      auto pack = [&](int64_t jt, int) {
+        const int64_t width = min64(kNR, vec_cols - jt * kNR);
+        const float* src = B.row(k0) + n0 + jt * kNR;
+        float* dst = panels + jt * kc * kNR;
+        for (int64_t k = 0; k < kc; ++k, src += B.ldb, dst += width)
+          for (int64_t v = 0; v < width; v += kW) VecF::load(src + v).store(dst + v);
+      };
+      ctx.parallel_for((vec_cols + kNR - 1) / kNR, pack);
+    }
+  };
   // Enough tasks for every thread to get several.
   const int64_t want = 4 * int64_t(ctx.num_threads());
   const int64_t units = row_tiles * (one_loop ? col_blocks : 1);
@@ -281,6 +318,12 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     const float* a = A + m0 * lda + k0;
     const Rows b = B.shifted(k0, n0);
     float* c = C + m0 * ldc + n0;
+    // The tile's columns of B: in place, or its panel.
+    auto tile_b = [&](int64_t jt, int64_t width) {
+      if constexpr (std::is_same_v<Rows, StridedRows>)
+        if (panels != nullptr) return StridedRows{panels + jt * kc * kNR, width};
+      return b.shifted(0, jt * kNR);
+    };
     for (int64_t jt = j_begin; jt < j_end; ++jt) {
       int64_t j = jt * kNR;
       if (e.init == GemmInit::ColBias) e.bias = ep.bias + n0 + j;
@@ -290,13 +333,13 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
         const bool merge = kMergedNV > NV && NV + tail_nv <= kMergedNV && tail_nv > 0 &&
                            n0 + j + kNR == nfull_all && jt + 1 < j_end;
         if (!merge) {
-          full_tile(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
+          full_tile(kc, a, lda, tile_b(jt, kNR), c + j, ldc, e);
           continue;
         }
         tile_fn<MR, kMergedNV, Rows>(mr, NV + tail_nv)(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
         j = ++jt * kNR;  // the tail tile: only its dot columns are left
       } else if (tail_nv > 0) {
-        tile_fn<MR, NV, Rows>(mr, tail_nv)(kc, a, lda, b.shifted(0, j), c + j, ldc, e);
+        tile_fn<MR, NV, Rows>(mr, tail_nv)(kc, a, lda, tile_b(jt, tail_nv * kW), c + j, ldc, e);
       }
       if (dot_cols > 0) {
         const int64_t jd = dot_n0 - n0;
@@ -306,6 +349,7 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     }
   };
   if (one_loop) {
+    if (panels != nullptr) pack_slice(0, 0);
     auto task = [&](int64_t t, int) {
       const int64_t run = t % col_runs, rt = (t / col_runs) % row_tiles,
                     cb = t / (col_runs * row_tiles);
@@ -316,30 +360,64 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   }
   for (int64_t cb = 0; cb < col_blocks; ++cb)
     for (int64_t k0 = 0; k0 < K; k0 += kc_block) {
+      if (panels != nullptr) pack_slice(cb, k0);
       auto task = [&](int64_t t, int) { run_tiles(cb, t / col_runs, t % col_runs, k0); };
       ctx.parallel_for(row_tiles * col_runs, task);
     }
 }
 
-// A general product: depth blocks of at most kMaxDepth (so a row sliver of A stays in L1),
-// column blocks whose kc x NC slice of B stays in L2. Where `rows_per_plane` rows are
+// A general product's blocks: depth blocks of at most kMaxDepth (so a row sliver of A stays in
+// L1), column blocks whose kc x nc slice of B stays in L2. Where `rows_per_plane` rows are
 // windows of one plane (a convolution's taps), the slice holds kc / rows_per_plane planes.
+struct GeneralBlocks {
+  int64_t kc, nc;
+  GeneralBlocks(int64_t K, int64_t rows_per_plane) {
+    constexpr int64_t kMaxDepth = 512;
+    const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
+    kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
+    const int64_t planes = (kc + rows_per_plane - 1) / rows_per_plane;
+    nc = kBlockBytes / (int64_t(sizeof(float)) * (planes > 0 ? planes : 1));
+  }
+};
+
+// Whether sgemm copies B into panels (see the top of the file): its rows are off the vector
+// boundary, at least four row tiles read each column tile, and no tile merges the tail.
+bool packs_b(int64_t M, int64_t N, int64_t ldb) {
+  constexpr int kNR = kNV * kW;
+  if (kW == 1 || M <= 2 || ldb % kW == 0 || (M + kMR - 1) / kMR < 4) return false;
+  const int tail_nv = int(N % kNR) / kW;
+  return merged_nv<kMR, kNV>() == kNV || tail_nv == 0;
+}
+
+// Floats of the panels of one slice.
+int64_t panel_floats(int64_t N, int64_t K) {
+  const GeneralBlocks g(K, 1);
+  const int64_t nc = whole_tiles<kNV>(g.nc);
+  return (K < g.kc ? K : g.kc) * (N < nc ? N : nc);
+}
+
 template <class Rows>
 void general(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
              Rows B, float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace,
-             int64_t rows_per_plane = 1) {
-  constexpr int64_t kMaxDepth = 512;
-  const int64_t kblocks = (K + kMaxDepth - 1) / kMaxDepth;
-  const int64_t kc = kblocks > 1 ? (K + kblocks - 1) / kblocks : K;
-  const int64_t planes = (kc + rows_per_plane - 1) / rows_per_plane;
-  const int64_t nc = kBlockBytes / (int64_t(sizeof(float)) * (planes > 0 ? planes : 1));
-  blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, C, ldc, ep, nc, kc, false, workspace);
+             int64_t rows_per_plane = 1, float* panels = nullptr) {
+  const GeneralBlocks g(K, rows_per_plane);
+  blocked<kMR, kNV>(ctx, M, N, K, A, lda, B, C, ldc, ep, g.nc, g.kc, false, workspace, panels);
+}
+
+// The dot columns' transposed copy: K x (kW - 1) floats at most.
+size_t dots_bytes(int64_t K) {
+  return size_t(K > 0 ? K : 1) * (kW - 1 > 0 ? kW - 1 : 1) * sizeof(float);
 }
 
 }  // namespace
 
-size_t sgemm_workspace_bytes(int64_t K) {
-  return size_t(K > 0 ? K : 1) * (kW - 1 > 0 ? kW - 1 : 1) * sizeof(float);
+size_t sgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb) {
+  const size_t dots = (dots_bytes(K) + 63) / 64 * 64;
+  return dots + (packs_b(M, N, ldb) ? size_t(panel_floats(N, K)) * sizeof(float) : 0);
+}
+
+size_t sgemm_rows_workspace_bytes(int64_t K) {
+  return dots_bytes(K);
 }
 
 void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -347,7 +425,11 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
            float* workspace) {
   if (M <= 0 || N <= 0) return;
   if (M > 2) {
-    general(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, workspace);
+    float* panels = nullptr;
+    if (packs_b(M, N, ldb))
+      panels = reinterpret_cast<float*>(reinterpret_cast<char*>(workspace) +
+                                        (dots_bytes(K) + 63) / 64 * 64);
+    general(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, workspace, 1, panels);
     return;
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each

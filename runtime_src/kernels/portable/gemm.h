@@ -25,12 +25,18 @@ struct GemmEpilogue {
   OutputClamp clamp;            // applied to the finished result
 };
 
-/// Bytes of (64-byte aligned) workspace that sgemm needs for depth K.
-size_t sgemm_workspace_bytes(int64_t K);
+/// Bytes of (64-byte aligned) workspace that sgemm needs for an M x N x K product whose B has
+/// leading dimension ldb.
+size_t sgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb);
+
+/// Bytes of (64-byte aligned) workspace that sgemm_rows needs for depth K.
+size_t sgemm_rows_workspace_bytes(int64_t K);
 
 /// C[M x N] = clamp(init + A[M x K] * B[K x N]); all row-major with leading dimensions lda,
-/// ldb, ldc. A and B are read in place (nothing is packed per call but the last columns of B
-/// when N is not a multiple of the tile width). `workspace` holds sgemm_workspace_bytes(K).
+/// ldb, ldc. A is read in place; so is B, but for the last columns of B when N is not a
+/// multiple of the tile width, and, where B's rows are off the vector boundary and many rows
+/// of A read them, its blocks copied into panels of whole tiles. `workspace` holds
+/// sgemm_workspace_bytes(M, N, K, ldb).
 /// The tiles are split over ctx's threads; the result is the same for any thread count.
 void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
@@ -40,7 +46,8 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
 /// entries) and its N elements are contiguous. A convolution's taps layout gives each row
 /// (one input channel at one tap) as a window of a padded input plane, with no im2col copy.
 /// `rows_per_plane`: how many consecutive rows are windows of one plane (a channel's taps),
-/// so that a block of columns, sized to stay in cache, counts each plane once.
+/// so that a block of columns, sized to stay in cache, counts each plane once. `workspace`
+/// holds sgemm_rows_workspace_bytes(K).
 void sgemm_rows(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
                 int64_t lda, const float* B, const int64_t* row_offsets, int64_t rows_per_plane,
                 float* C, int64_t ldc, const GemmEpilogue& epilogue, float* workspace);

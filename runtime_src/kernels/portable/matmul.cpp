@@ -7,8 +7,9 @@ namespace etb {
 namespace native {
 namespace {
 
-Result<float*> gemm_workspace(KernelContext& ctx, int64_t K) {
-  Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(K), 64);
+// The workspace of sgemm for [M x K] times [K x N], B row-major.
+Result<float*> gemm_workspace(KernelContext& ctx, int64_t M, int64_t N, int64_t K) {
+  Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(M, N, K, N), 64);
   if (!ws.ok()) return ws.error();
   return static_cast<float*>(ws.value());
 }
@@ -32,7 +33,7 @@ Error mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor&
   const int64_t M = self.size(0), K = self.size(1), N = mat2.size(1);
   const int64_t sizes[2] = {M, N};
   ETB_TRY(resize_to(out, sizes, 2));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, M, N, K));
   sgemm(ctx, M, N, K, self.data_as<float>(), K, mat2.data_as<float>(), N, out.data_as<float>(), N,
         product(ctx), ws);
   return Error::Ok;
@@ -57,7 +58,7 @@ Error addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, cons
                 (long long)M, (long long)N);
   const int64_t sizes[2] = {M, N};
   ETB_TRY(resize_to(out, sizes, 2));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, M, N, K));
   const float b = float(beta.to_double()), a = float(alpha.to_double());
   float* c = out.data_as<float>();
   const float* s = self.data_as<float>();
@@ -104,7 +105,7 @@ Error bmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor
   const int64_t B = self.size(0), M = self.size(1), K = self.size(2), N = mat2.size(2);
   const int64_t sizes[3] = {B, M, N};
   ETB_TRY(resize_to(out, sizes, 3));
-  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, K));
+  ETB_ASSIGN_OR_RETURN(float* ws, gemm_workspace(ctx, M, N, K));
   float* c = out.data_as<float>();
   for (int64_t b = 0; b < B; ++b)
     sgemm(ctx, M, N, K, self.data_as<float>() + b * M * K, K, mat2.data_as<float>() + b * K * N, N,
