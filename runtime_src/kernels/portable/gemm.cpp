@@ -434,7 +434,7 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
   }
   // One or two rows of A (a matrix-vector product, bound by reading B): depth blocks that each
   // sweep the whole width, so B is read as a few long contiguous runs at a time.
-  constexpr int64_t kDepthBlock = 64;
+  constexpr int64_t kDepthBlock = 16;
   if (M == 1)
     blocked<1, kWideNV>(ctx, M, N, K, A, lda, StridedRows{B, ldb}, C, ldc, ep, N, kDepthBlock, true,
                         workspace);
