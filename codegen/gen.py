@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from .opdb import Arg, CodegenError, OpEntry, Schema, load_entries
+from .sources import kernel_sources
 
 
 def _selected_dtypes(raw: object) -> dict[str, list[str]]:
@@ -51,6 +52,9 @@ def apply_selection(entries: list[OpEntry], selected: dict) -> list[OpEntry]:
                 supported=e.dtypes,
                 fuses_clamp=e.fuses_clamp,
                 prepares=e.prepares,
+                in_place=e.in_place,
+                source=e.source,
+                kernel_source=e.kernel_source,
             )
         )
     return out
@@ -579,18 +583,39 @@ def generate(ops_dir: Path, out_dir: Path, selected: Path | None = None) -> list
     return written
 
 
+def selected_entries(ops_dir: Path, selected: Path | None) -> list[OpEntry]:
+    """The entries a build registers: all, or the selection's."""
+    entries = load_entries(ops_dir)
+    if selected is None:
+        return entries
+    return apply_selection(entries, yaml.safe_load(selected.read_text()))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="etbuild.codegen", description=__doc__)
     p.add_argument("--ops-yaml", type=Path, required=True, help="folder of operator YAML")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
     p.add_argument(
         "--selected",
         type=Path,
         default=None,
         help="selected_operators.yaml: generate only these ops",
     )
+    p.add_argument(
+        "--list-sources",
+        type=Path,
+        default=None,
+        metavar="RUNTIME_SRC",
+        help="print the kernel sources (under RUNTIME_SRC) the ops need, one a line, and stop",
+    )
     args = p.parse_args(argv)
+    if args.out is None and args.list_sources is None:
+        p.error("one of --out and --list-sources is required")
     try:
+        if args.list_sources is not None:
+            entries = selected_entries(args.ops_yaml, args.selected)
+            print("\n".join(kernel_sources(entries, args.list_sources)))
+            return 0
         generate(args.ops_yaml, args.out, args.selected)
     except (CodegenError, OSError, yaml.YAMLError) as exc:
         print(f"etbuild.codegen: error: {exc}")

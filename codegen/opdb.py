@@ -4,7 +4,8 @@ pipeline alike.
 Each entry is in ExecuTorch's ``functions.yaml`` format: ``func`` (the full ``.out`` schema; the
 namespace defaults to ``aten``), optional ``type_alias`` (alias -> dtype names) and one kernel
 whose ``arg_meta`` maps tensor arguments to aliases. etbuild's own keys are described at the
-top of ``ops_yaml/portable.yaml`` (``in_place``, ``fuses_clamp``, ``prepare``). Dtype names are
+top of ``ops_yaml/portable.yaml`` (``in_place``, ``fuses_clamp``, ``prepare``,
+``kernel_source``). Dtype names are
 the program schema's (``codegen/dtypes.py``). PyYAML only, no torch: the build runs this
 before the package is installed; ``pipeline/ops.py`` adds torch's view of each entry.
 """
@@ -67,6 +68,7 @@ class OpEntry:
     prepares: bool = False  # ops_yaml `prepare`: has a load-time hook NAME_prepare
     in_place: tuple[str, ...] = ()  # ops_yaml `in_place`: inputs the output may overwrite
     source: str = ""  # the YAML file the entry is in
+    kernel_source: str = ""  # ops_yaml `kernel_source`: the file defining the kernel
 
     def supported_dtypes(self, arg: str) -> list[str] | None:
         """ops_yaml's dtypes of tensor argument ``arg``; None when it lists none."""
@@ -125,7 +127,7 @@ def parse_schema(text: str) -> Schema:
 
 
 _FLAGS = ("fuses_clamp", "prepare")
-_KEYS = {"func", "type_alias", "kernels", "in_place", *_FLAGS}
+_KEYS = {"func", "type_alias", "kernels", "in_place", "kernel_source", *_FLAGS}
 
 
 def _entry(raw: object, source: str) -> OpEntry:
@@ -158,6 +160,9 @@ def _entry(raw: object, source: str) -> OpEntry:
     for name in [*dtypes, *in_place]:
         if name not in arg_names:
             raise CodegenError(f"{where}: '{name}' is not an argument of the schema")
+    kernel_source = raw.get("kernel_source", "")
+    if not isinstance(kernel_source, str):
+        raise CodegenError(f"{where}: kernel_source must be a path under runtime_src/")
     flags = {}
     for key in _FLAGS:
         flags[key] = raw.get(key, False)
@@ -171,6 +176,7 @@ def _entry(raw: object, source: str) -> OpEntry:
         prepares=flags["prepare"],
         in_place=in_place,
         source=source,
+        kernel_source=kernel_source,
     )
 
 

@@ -4,7 +4,9 @@ the C++ enum are checked against."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from etbuild.codegen import load_entries
 from etbuild.codegen.dtypes import SCALAR_TYPE_FBS, SCALAR_TYPES, read_scalar_types
 from etbuild.codegen.opdb import CodegenError
+from etbuild.codegen.sources import all_kernel_sources, kernel_sources
 from etbuild.pipeline.errors import EtbuildError
 from etbuild.pipeline.ops import load_ops
 from etbuild.pipeline.paths import OPS_YAML_DIR, RUNTIME_SRC_DIR
@@ -147,3 +150,65 @@ def test_the_readme_example_of_adding_an_op_is_the_real_one():
     ]
     for block, path in zip(blocks, files, strict=True):
         assert block in path.read_text(), (path, block)
+
+
+def test_every_kernel_is_defined_in_its_kernel_source():
+    """Each shipped entry names the file that defines its kernel: a tailored build compiles
+    only those files (a wrong name would fail to link the selections that use it)."""
+    for e in load_entries(OPS_YAML_DIR):
+        assert e.kernel_source, f"{e.schema.key} has no kernel_source"
+        text = (RUNTIME_SRC_DIR / e.kernel_source).read_text()
+        namespace, name = e.kernel_name.split("::")[-2:]
+        assert f"namespace {namespace} {{" in text, (e.schema.key, e.kernel_source)
+        # compare.cpp defines its kernels through a macro named after the comparison
+        by_macro = re.search(rf"^ETB_\w+_KERNELS\({name.split('_')[0]},", text, re.M)
+        assert re.search(rf"^Error {name}\(", text, re.M) or by_macro, (e.schema.key, name)
+
+
+def _selection(tmp_path: Path, *ops: str) -> Path:
+    path = tmp_path / "selected_operators.yaml"
+    path.write_text("operators:\n" + "".join(f"  {op}: {{}}\n" for op in ops))
+    return path
+
+
+def _listed_sources(*args) -> list[str]:
+    res = subprocess.run(
+        [sys.executable, "-m", "etbuild.codegen", "--ops-yaml", str(OPS_YAML_DIR), *map(str, args),
+         "--list-sources", str(RUNTIME_SRC_DIR)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.split()
+
+
+def test_a_selection_compiles_its_kernels_sources_and_their_helpers(tmp_path):
+    every = _listed_sources()
+    assert every == sorted(
+        p.relative_to(RUNTIME_SRC_DIR).as_posix() for p in RUNTIME_SRC_DIR.glob("kernels/**/*.cpp")
+    )
+    mlp = _listed_sources("--selected", _selection(tmp_path, "aten::addmm.out", "aten::relu.out"))
+    assert mlp == [
+        "kernels/portable/elementwise.cpp",  # relu
+        "kernels/portable/gemm.cpp",  # matmul.cpp includes gemm.h
+        "kernels/portable/matmul.cpp",  # addmm
+        "kernels/portable/util.cpp",  # both include util.h
+    ]
+    conv = _listed_sources("--selected", _selection(tmp_path, "aten::convolution.out"))
+    assert {"kernels/portable/depthwise.cpp", "kernels/portable/gemm.cpp"} <= set(conv)
+    assert not any("quantized" in s or "elementwise" in s for s in conv), conv
+    int8 = _listed_sources("--selected", _selection(tmp_path, "etb_quantized::conv2d.out"))
+    assert {"kernels/quantized/qgemm.cpp", "kernels/quantized/depthwise.cpp"} <= set(int8)
+
+
+def test_a_wrong_kernel_source_is_refused_and_a_missing_one_compiles_everything(tmp_path):
+    text = ADD.format(dtype="Float", arg="other")
+    d = _ops_dir(tmp_path, text + "  kernel_source: kernels/portable/elementwsie.cpp\n")
+    entries = load_entries(d)
+    with pytest.raises(
+        CodegenError,
+        match=r"aten::add.out: kernel_source kernels/portable/elementwsie.cpp is not a kernel "
+        r"source under .* \(a path like kernels/portable/elementwise.cpp\)",
+    ):
+        kernel_sources(entries, RUNTIME_SRC_DIR)
+    entries = load_entries(_ops_dir(tmp_path, text))
+    assert kernel_sources(entries, RUNTIME_SRC_DIR) == all_kernel_sources(RUNTIME_SRC_DIR)
