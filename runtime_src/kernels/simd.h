@@ -66,6 +66,18 @@ ETB_SIMD_INLINE VecF load_even(const float* p) {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16))};
 }
+/// Transposes r[0 .. kWidth) as a kWidth x kWidth matrix: lane j of r[i] swaps with lane i of
+/// r[j]. (Here through memory: no kernel takes this path on AVX-512 for speed; see
+/// depthwise_lanes.cpp.)
+ETB_SIMD_INLINE void transpose(VecF* r) {
+  alignas(64) float m[16][16];
+  for (int i = 0; i < 16; ++i) r[i].store(m[i]);
+  for (int j = 0; j < 16; ++j) {
+    alignas(64) float col[16];
+    for (int i = 0; i < 16; ++i) col[i] = m[i][j];
+    r[j] = VecF::load(col);
+  }
+}
 /// Per lane: x > m, or x is NaN (the lanes a running maximum takes, torch's rule).
 struct MaskF {
   __mmask16 m;
@@ -129,6 +141,26 @@ ETB_SIMD_INLINE VecF load_even(const float* p) {
   const __m256 mixed = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);
   return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mixed), 0xD8))};
 }
+ETB_SIMD_INLINE void transpose(VecF* r) {
+  // Pairs of rows interleaved, then pairs of pairs: 4 x 4 blocks transposed within each half;
+  // then the halves exchanged.
+  const __m256 t0 = _mm256_unpacklo_ps(r[0].v, r[1].v), t1 = _mm256_unpackhi_ps(r[0].v, r[1].v);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2].v, r[3].v), t3 = _mm256_unpackhi_ps(r[2].v, r[3].v);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4].v, r[5].v), t5 = _mm256_unpackhi_ps(r[4].v, r[5].v);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6].v, r[7].v), t7 = _mm256_unpackhi_ps(r[6].v, r[7].v);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0].v = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1].v = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2].v = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3].v = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4].v = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5].v = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6].v = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7].v = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
 struct MaskF {
   __m256 m;
 };
@@ -181,6 +213,14 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 }
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {_mm_shuffle_ps(_mm_loadu_ps(p), _mm_loadu_ps(p + 4), 0x88)};
+}
+ETB_SIMD_INLINE void transpose(VecF* r) {
+  const __m128 t0 = _mm_unpacklo_ps(r[0].v, r[1].v), t1 = _mm_unpacklo_ps(r[2].v, r[3].v);
+  const __m128 t2 = _mm_unpackhi_ps(r[0].v, r[1].v), t3 = _mm_unpackhi_ps(r[2].v, r[3].v);
+  r[0].v = _mm_movelh_ps(t0, t1);
+  r[1].v = _mm_movehl_ps(t1, t0);
+  r[2].v = _mm_movelh_ps(t2, t3);
+  r[3].v = _mm_movehl_ps(t3, t2);
 }
 struct MaskF {
   __m128 m;
@@ -235,6 +275,14 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {vuzp1q_f32(vld1q_f32(p), vld1q_f32(p + 4))};
 }
+ETB_SIMD_INLINE void transpose(VecF* r) {
+  const float32x4x2_t p = vtrnq_f32(r[0].v, r[1].v);  // [a0 b0 a2 b2], [a1 b1 a3 b3]
+  const float32x4x2_t q = vtrnq_f32(r[2].v, r[3].v);  // [c0 d0 c2 d2], [c1 d1 c3 d3]
+  r[0].v = vcombine_f32(vget_low_f32(p.val[0]), vget_low_f32(q.val[0]));
+  r[1].v = vcombine_f32(vget_low_f32(p.val[1]), vget_low_f32(q.val[1]));
+  r[2].v = vcombine_f32(vget_high_f32(p.val[0]), vget_high_f32(q.val[0]));
+  r[3].v = vcombine_f32(vget_high_f32(p.val[1]), vget_high_f32(q.val[1]));
+}
 struct MaskF {
   uint32x4_t m;
 };
@@ -282,6 +330,7 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {*p};
 }
+ETB_SIMD_INLINE void transpose(VecF*) {}  // a 1 x 1 matrix
 struct MaskF {
   bool m;
 };

@@ -1,13 +1,14 @@
 """fp32 depthwise convolution (kernels/portable/depthwise.cpp) against torch on randomized shapes.
 
-The kernel has a templated path (3x3 and 5x5, stride 1 or 2, no dilation), a path over a table
-of tap offsets (dilation, other kernel sizes and strides, 1-d convolutions), two ways of
-covering a plane (by rows, in blocks along wide rows or across narrow ones; or over the flat
-padded plane, for planes a few outputs wide) and a plain loop for planes too large for its
-scratch. The cases below reach all of them: odd sizes from 1 to 112 (row ends, vectors that
-spill into the next row, the plane's last vectors), paddings 0 to 2, channel multiplier 2,
-batch 2, with and without bias, and a following ReLU6 / ReLU / Hardtanh that Method load fuses
-into the kernel (NaN must survive the fused clamp, as in torch).
+The kernel runs on planes, one channel at a time, with a templated path (3x3 and 5x5, stride 1 or 2,
+no dilation), a path over a table of tap offsets (dilation, other kernel sizes and strides, 1-d
+convolutions), two ways of covering a plane (by rows, in blocks along wide rows or across narrow
+ones; or over the flat padded plane, for planes a few outputs wide) and a plain loop for planes too
+large for its scratch; or, for strided convolutions and small planes, on channel lanes (a vector's
+lanes are channels). The cases below reach all of them: odd sizes from 1 to 112 (row ends, vectors
+that spill into the next row, the plane's last vectors), paddings 0 to 2, channel multiplier 2,
+batch 2, with and without bias, and a following ReLU6 / ReLU / Hardtanh that Method load fuses into
+the kernel (NaN must survive the fused clamp, as in torch).
 
 Each program holds many cases (one input and one output per case), so few programs are built.
 """
@@ -135,6 +136,32 @@ def test_mobilenet_shapes(rt, pipeline_program):
         for c, h, k, s in shapes
     ]
     _check(rt, pipeline_program, cases)
+
+
+def test_channel_lanes(rt, pipeline_program):
+    """Strided convolutions and small planes run on channel lanes (depthwise_lanes.cpp): blocks
+    of a vector width of channels, whole and partial (1 to 24 channels, multiplier 1 to 3);
+    output rows narrower than a segment of pixels, as wide as one, and wider (segments that
+    overlap at the row's end); planes of fewer outputs than a vector (the last transpose back
+    stores part of each channel); kernels of fewer taps than a vector (1x2) and of more (7x7);
+    stride 3 and dilation 2 (tap offsets worked out at run time); the last channel of the
+    tensor read only as far as its end; and, at 2 and 3 threads, channel runs cut to whole
+    blocks."""
+    torch.manual_seed(SEED + 70)
+    rng = random.Random(SEED + 70)
+    # (C, mult, H, W, kernel, stride, padding, dilation)
+    shapes = [(8, 1, 7, 7, 3, 1, 1, 1), (16, 1, 14, 14, 3, 2, 1, 1), (24, 1, 9, 20, 3, 1, 1, 1),
+              (5, 3, 6, 5, 3, 1, 1, 1), (13, 2, 15, 17, 5, 2, 2, 1), (1, 1, 3, 3, 3, 1, 0, 1),
+              (11, 1, 2, 5, 3, 2, 1, 1), (9, 1, 12, 13, (1, 2), 1, 0, 1),
+              (7, 1, 13, 11, 7, 1, 3, 1), (10, 1, 20, 22, 3, 3, 1, 1),
+              (6, 2, 17, 9, 3, 2, 2, 2), (17, 1, 28, 28, 3, 2, 1, 1)]  # fmt: skip
+    cases = [
+        (_depthwise(rng, c, k if isinstance(k, tuple) else (k, k), stride=s, padding=p,
+                    dilation=d, mult=m), torch.randn(1, c, h, w))
+        for c, m, h, w, k, s, p, d in shapes
+    ]  # fmt: skip
+    acts = [nn.ReLU6() if i % 3 == 0 else None for i in range(len(cases))]
+    _check(rt, pipeline_program, cases, acts, threads=3)
 
 
 def test_threads_split_channels_bit_identically(rt, pipeline_program):

@@ -1,16 +1,16 @@
 """The fp32 kernels on every SIMD path this machine can run.
 
-``etb_runner`` (every kernel, no selection) is built once per session for each instruction-set
-level the config can ask for: ``target.march=x86-64`` (SSE2), ``x86-64-v3`` (AVX2 + FMA),
-``x86-64-v4`` (AVX-512, when this CPU has it), ``cascadelake`` (AVX-512 with VNNI, which the
-int8 GEMM uses, when this CPU has it) and ``+target=linux_aarch64`` (NEON, built with
-the cross compiler and run under qemu-aarch64, when both are installed; CI installs them). Each
-runner must report the path it was built for (``--isa``, and the build stage's reading of the
-compile flags), then run one program against torch: convolutions on randomized shapes (odd
-sizes, channels that are not a multiple of 16, stride 2, padding, dilation 2, groups 2,
-depthwise 3x3 stride 1 and 2, 1x1 pointwise, Conv1d), linear/addmm with M in {1, 3, 7, 33} and
-odd N and K, mm and bmm, and convolutions and linear layers followed by ReLU6 / ReLU, which
-Method load fuses into the kernel's epilogue.
+``etb_runner`` (every kernel, no selection) is built once per session for each instruction-set level
+the config can ask for: ``target.march=x86-64`` (SSE2), ``x86-64-v3`` (AVX2 + FMA), ``x86-64-v4``
+(AVX-512, when this CPU has it), ``cascadelake`` (AVX-512 with VNNI, which the int8 GEMM uses, when
+this CPU has it) and ``+target=linux_aarch64`` (NEON, built with the cross compiler and run under
+qemu-aarch64, when both are installed; CI installs them). Each runner must report the path it was
+built for (``--isa``, and the build stage's reading of the compile flags), then run one program
+against torch: convolutions on randomized shapes (odd sizes, channels that are not a multiple of 16,
+stride 2, padding, dilation 2, groups 2, depthwise 3x3 stride 1 and 2 on wide rows and small planes
+(on planes and on channel lanes), depthwise 5x5 with a channel multiplier, 1x1 pointwise, Conv1d),
+linear/addmm with M in {1, 3, 7, 33} and odd N and K, mm and bmm, and convolutions and linear layers
+followed by ReLU6 / ReLU, which Method load fuses into the kernel's epilogue.
 
 The program holds every case (one input set and one output per case), so each runner runs once.
 """
@@ -227,6 +227,13 @@ def _cases(rng: random.Random) -> list[Case]:
     c = chans(8, 80)
     cases.append(conv("depthwise3x3_s2_relu6", c, c, wide(), 3, act="relu6", stride=2,
                       padding=1, groups=c))  # fmt: skip
+    # Small planes run on channel lanes (transposes of the vector width) at stride 1 too.
+    c = chans(8, 40)
+    cases.append(conv("depthwise3x3_small_plane", c, c, [odd(3, 9), odd(3, 15)], 3, padding=1,
+                      groups=c))  # fmt: skip
+    c = chans(3, 20)
+    cases.append(conv("depthwise5x5_mult2_small_plane", c, 2 * c, [odd(5, 9), odd(5, 9)], 5,
+                      padding=2, groups=c, bias=False))  # fmt: skip
     for m in (1, 3, 7, 33):
         cases.append(linear(f"linear_m{m}", m, odd(9, 300), odd(5, 200)))
     cases += [

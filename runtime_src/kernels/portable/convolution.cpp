@@ -256,7 +256,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     const size_t per_thread = (depthwise_conv_f32_scratch_bytes(s) + 63) / 64 * 64;
     Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
-    const int64_t run = threads == 1 ? s.C : (s.C + 4 * threads - 1) / (4 * threads);
+    const int64_t block = depthwise_conv_f32_channel_block(s);
+    const int64_t run =
+        threads == 1 ? s.C : ((s.C + 4 * threads - 1) / (4 * threads) + block - 1) / block * block;
     const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
     const float* bd = bias != nullptr ? bias->data_as<float>() : nullptr;
     auto channels = [&](int64_t task, int thread) {

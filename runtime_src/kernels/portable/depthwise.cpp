@@ -1,4 +1,5 @@
-// Depthwise convolution on Float tensors (see depthwise.h), explicitly vectorized (simd.h).
+// Depthwise convolution on Float tensors (see depthwise.h), explicitly vectorized (simd.h), on
+// planes: a vector holds kW outputs of one channel.
 //
 // Planes. Each input channel is copied once into zero-padded planes in scratch, so that no tap
 // needs a bounds check and every tap of a run of outputs is one contiguous vector load. With
@@ -34,10 +35,15 @@
 //
 // While a channel is computed, the next input channel is prefetched, so that copying it in
 // does not wait on memory.
+//
+// Lanes. Strided convolutions and small planes, where the costs paid per channel above are
+// most of the work, run instead on channel lanes, kW channels per vector
+// (depthwise_lanes.cpp); the results are the same bits.
 #include "kernels/portable/depthwise.h"
 
 #include <cstring>
 
+#include "kernels/portable/depthwise_lanes.h"
 #include "kernels/simd.h"
 
 namespace etb {
@@ -50,6 +56,9 @@ constexpr int kNV = 4;                           // vectors per block (run_rows 
 constexpr int64_t kSlack = 64;                   // zeroed floats past the planes (>= kW)
 constexpr size_t kMaxScratch = size_t(2) << 20;  // beyond this, the plain loop
 constexpr int64_t kMaxStride = 64;               // larger strides take the plain loop
+// Whether some shapes run on channel lanes (depthwise_lanes.cpp): not with 1-lane vectors, so
+// that a scalar build (Cortex-M) links none of it.
+constexpr bool kLanes = kW > 1;
 
 inline size_t align64(size_t n) {
   return (n + 63) & ~size_t(63);
@@ -460,13 +469,20 @@ void plain(const ConvShape& s, const float* in, const float* w, const float* bia
 
 }  // namespace
 
+int64_t depthwise_conv_f32_channel_block(const ConvShape& s) {
+  return kLanes && depthwise_lanes_suit(s) ? depthwise_lanes_width() : 1;
+}
+
 size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s) {
+  if (kLanes && depthwise_lanes_suit(s)) return depthwise_lanes_f32_scratch_bytes(s);
   const Layout L = layout_of(s);
   return L.planar ? L.plane_bytes + L.flat_bytes + L.tap_bytes : 0;
 }
 
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
                         OutputClamp clamp, float* out, void* scratch) {
+  if (kLanes && depthwise_lanes_suit(s))
+    return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
   Layout L = layout_of(s);
   if (!L.planar) return plain(s, in, w, bias, clamp, out);
   char* mem = static_cast<char*>(scratch);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernel/kernel.h"
 #include "kernels/portable/geometry.h"
@@ -10,16 +11,22 @@ namespace etb {
 namespace native {
 
 /// Bytes of (64-byte aligned) scratch that depthwise_conv_f32 needs for shape `s`: the padded
-/// planes of one input channel (at most 2 MiB; 0 for larger planes, which take a plain loop).
+/// planes of one input channel (at most 2 MiB; 0 for larger planes, which take a plain loop),
+/// or on channel lanes those of one block of channels (at most 160 KiB).
 /// It does not depend on the batch or channel counts, so work split over channel ranges (a
 /// ConvShape with fewer channels and the matching pointers) needs this much per thread.
 size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s);
+
+/// Channels that depthwise_conv_f32 computes together for shape `s` (1 when it takes them one
+/// at a time): a split of the channels over threads best cuts at multiples of it.
+int64_t depthwise_conv_f32_channel_block(const ConvShape& s);
 
 /// out = clamp(bias + depthwise_conv(in, w)) for s.groups == s.C input channels and s.OC a
 /// multiple of s.C (each input channel feeds s.OC / s.C output channels); bias may be null.
 /// Every output element is written; a NaN stays NaN through the clamp. `scratch` holds
 /// depthwise_conv_f32_scratch_bytes(s) and is 64-byte aligned. Any stride, padding and
-/// dilation; 3x3 and 5x5 with stride 1 or 2 take the fastest path.
+/// dilation; 3x3 and 5x5 with stride 1 or 2 take the fastest path on planes, and strided
+/// convolutions and small planes run on channel lanes (depthwise_lanes.h).
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
                         OutputClamp clamp, float* out, void* scratch);
 
