@@ -229,7 +229,7 @@ def _cases(rng: random.Random) -> list[Case]:
                       padding=1, groups=c))  # fmt: skip
     # Small planes run on channel lanes (transposes of the vector width) at stride 1 too.
     c = chans(8, 40)
-    cases.append(conv("depthwise3x3_small_plane", c, c, [odd(3, 9), odd(3, 15)], 3, padding=1,
+    cases.append(conv("depthwise3x3_small_plane", c, c, [odd(3, 9), odd(3, 11)], 3, padding=1,
                       groups=c))  # fmt: skip
     c = chans(3, 20)
     cases.append(conv("depthwise5x5_mult2_small_plane", c, 2 * c, [odd(5, 9), odd(5, 9)], 5,
