@@ -74,16 +74,22 @@ struct OffsetRows {
   OffsetRows shifted(int64_t k0, int64_t n0) const { return {b + n0, off + k0, last - k0}; }
 };
 
-// What a tile needs to start and finish: the epilogue at the tile's origin.
+// What a tile needs to start and finish: the epilogue at the tile's origin, and the rows of A
+// that a FetchA tile fetches ahead.
 struct TileEpilogue {
   GemmInit init;
   const float* bias;  // RowBias: bias of the tile's first row; ColBias: of its first column
   bool clamp;
   float lo, hi;
+  const float* next_a = nullptr;  // the next row tile's rows of A (same depth and lda)
+  int next_rows = 0;
 };
 
-// C tile [MR x NV*kW] = epilogue(A[MR x K] * B[K x NV*kW]).
-template <int MR, int NV, class Rows>
+// C tile [MR x NV*kW] = epilogue(A[MR x K] * B[K x NV*kW]). A FetchA tile also fetches the
+// next row tile's rows of A (e.next_a) into the cache, a line per step from its first step
+// on: A's rows are weights, read from memory once per call, and the next row tile then finds
+// them cached. (Only that tile carries the extra work and registers.)
+template <int MR, int NV, class Rows, bool FetchA = false>
 __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_t lda, Rows b,
                                     float* __restrict c, int64_t ldc, const TileEpilogue& e) {
   VecF acc[MR][NV];
@@ -103,7 +109,18 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   const float* ap[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) ap[i] = a + i * lda;
+  const int64_t next_lines = FetchA ? e.next_rows * ((K + 15) / 16) : 0;
+  const float* next = e.next_a;  // the line fetched next: rows in turn, then 16 floats on
+  int next_row = 0;
   for (int64_t k = 0; k < K; ++k) {
+    if (FetchA && k < next_lines) {
+      __builtin_prefetch(next);
+      next += lda;
+      if (++next_row == e.next_rows) {
+        next_row = 0;
+        next += 16 - e.next_rows * lda;
+      }
+    }
     // Rows of B lie ldb apart (a whole activation plane for a 1x1 convolution): fetch the row
     // a few steps ahead, which the hardware prefetchers do not predict across pages.
     const float* ahead = b.ahead(k);
@@ -315,6 +332,14 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     TileEpilogue e{k0 == 0 ? ep.init : GemmInit::C, ep.bias, k0 + kc >= K && ep.clamp.active(),
                    ep.clamp.lo, ep.clamp.hi};
     if (e.init == GemmInit::RowBias) e.bias = ep.bias + m0;
+    const int next_rows = int(min64(MR, M - m0 - MR));  // of the next row tile (<= 0: none)
+    // The run's last full tile fetches the next row tile's rows of A: after it, this row
+    // tile's rows are not read again (fetched earlier, they would push them out of L1). Only
+    // the last row tile can have fewer than MR rows, so the fetching tile has MR.
+    const int64_t full_tiles = (min64(nfull_all, n0 + nc) - n0) / kNR;  // in the block
+    // (Not for a convolution's taps: their B is read from L2 and A's rows are few.)
+    const int64_t fetch_tile =
+        std::is_same_v<Rows, StridedRows> && next_rows > 0 ? min64(j_end, full_tiles) - 1 : -1;
     const float* a = A + m0 * lda + k0;
     const Rows b = B.shifted(k0, n0);
     float* c = C + m0 * ldc + n0;
@@ -332,6 +357,14 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
         // wider tile: 48 columns in one pass, not 32 then 16 at one broadcast per FMA).
         const bool merge = kMergedNV > NV && NV + tail_nv <= kMergedNV && tail_nv > 0 &&
                            n0 + j + kNR == nfull_all && jt + 1 < j_end;
+        if constexpr (std::is_same_v<Rows, StridedRows>) {
+          if (!merge && jt == fetch_tile) {
+            e.next_a = A + (m0 + MR) * lda + k0;
+            e.next_rows = next_rows;
+            tile<MR, NV, Rows, true>(kc, a, lda, tile_b(jt, kNR), c + j, ldc, e);
+            continue;
+          }
+        }
         if (!merge) {
           full_tile(kc, a, lda, tile_b(jt, kNR), c + j, ldc, e);
           continue;
