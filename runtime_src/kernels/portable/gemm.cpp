@@ -109,18 +109,7 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
   const float* ap[MR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) ap[i] = a + i * lda;
-  const int64_t next_lines = FetchA ? e.next_rows * ((K + 15) / 16) : 0;
-  const float* next = e.next_a;  // the line fetched next: rows in turn, then 16 floats on
-  int next_row = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    if (FetchA && k < next_lines) {
-      __builtin_prefetch(next);
-      next += lda;
-      if (++next_row == e.next_rows) {
-        next_row = 0;
-        next += 16 - e.next_rows * lda;
-      }
-    }
+  auto step = [&](int64_t k) __attribute__((always_inline)) {
     // Rows of B lie ldb apart (a whole activation plane for a 1x1 convolution): fetch the row
     // a few steps ahead, which the hardware prefetchers do not predict across pages.
     const float* ahead = b.ahead(k);
@@ -137,7 +126,22 @@ __attribute__((noinline)) void tile(int64_t K, const float* __restrict a, int64_
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] = simd::fma(av, bv[v], acc[i][v]);
     }
+  };
+  int64_t k = 0;
+  if constexpr (FetchA) {  // the next tile's rows of A, a line per step, row by row in turn
+    const int64_t lines = e.next_rows * ((K + 15) / 16);
+    const float* next = e.next_a;
+    for (int row = 0; k < K && k < lines; ++k) {
+      __builtin_prefetch(next);
+      next += lda;
+      if (++row == e.next_rows) {
+        row = 0;
+        next += 16 - e.next_rows * lda;
+      }
+      step(k);
+    }
   }
+  for (; k < K; ++k) step(k);
   const VecF lo = VecF::broadcast(e.lo), hi = VecF::broadcast(e.hi);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
