@@ -66,6 +66,14 @@ ETB_SIMD_INLINE VecF load_even(const float* p) {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16))};
 }
+/// Lanes p[0], p[2], ... into even and p[1], p[3], ... into odd; reads p[0 .. 2 * kWidth).
+ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  const __m512i e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i o = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+  even->v = _mm512_permutex2var_ps(a, e, b);
+  odd->v = _mm512_permutex2var_ps(a, o, b);
+}
 /// Transposes r[0 .. kWidth) as a kWidth x kWidth matrix: lane j of r[i] swaps with lane i of
 /// r[j]. (Here through memory: no kernel takes this path on AVX-512 for speed; see
 /// depthwise_lanes.cpp.)
@@ -141,6 +149,13 @@ ETB_SIMD_INLINE VecF load_even(const float* p) {
   const __m256 mixed = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);
   return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mixed), 0xD8))};
 }
+ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+  even->v = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+  odd->v = _mm256_castpd_ps(
+      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
 ETB_SIMD_INLINE void transpose(VecF* r) {
   // Pairs of rows interleaved, then pairs of pairs: 4 x 4 blocks transposed within each half;
   // then the halves exchanged.
@@ -214,6 +229,11 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {_mm_shuffle_ps(_mm_loadu_ps(p), _mm_loadu_ps(p + 4), 0x88)};
 }
+ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
+  even->v = _mm_shuffle_ps(a, b, 0x88);
+  odd->v = _mm_shuffle_ps(a, b, 0xDD);
+}
 ETB_SIMD_INLINE void transpose(VecF* r) {
   const __m128 t0 = _mm_unpacklo_ps(r[0].v, r[1].v), t1 = _mm_unpacklo_ps(r[2].v, r[3].v);
   const __m128 t2 = _mm_unpackhi_ps(r[0].v, r[1].v), t3 = _mm_unpackhi_ps(r[2].v, r[3].v);
@@ -275,6 +295,11 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {vuzp1q_f32(vld1q_f32(p), vld1q_f32(p + 4))};
 }
+ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  const float32x4_t a = vld1q_f32(p), b = vld1q_f32(p + 4);
+  even->v = vuzp1q_f32(a, b);
+  odd->v = vuzp2q_f32(a, b);
+}
 ETB_SIMD_INLINE void transpose(VecF* r) {
   const float32x4x2_t p = vtrnq_f32(r[0].v, r[1].v);  // [a0 b0 a2 b2], [a1 b1 a3 b3]
   const float32x4x2_t q = vtrnq_f32(r[2].v, r[3].v);  // [c0 d0 c2 d2], [c1 d1 c3 d3]
@@ -329,6 +354,10 @@ ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
 }
 ETB_SIMD_INLINE VecF load_even(const float* p) {
   return {*p};
+}
+ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  even->v = p[0];
+  odd->v = p[1];
 }
 ETB_SIMD_INLINE void transpose(VecF*) {}  // a 1 x 1 matrix
 struct MaskF {

@@ -153,11 +153,13 @@ void fill_planes(const ConvShape& s, const Layout& L, const float* x, const floa
       float* e = d + (s.pw & 1) * L.PE + s.pw / 2;
       float* o = d + ((s.pw + 1) & 1) * L.PE + (s.pw + 1) / 2;
       const int64_t ne = (s.W + 1) / 2, no = s.W / 2;
-      const int64_t reach = 2 * (ceil_div(ne, kW) - 1) * kW + 2 * kW + 1;  // floats read
+      const int64_t reach = 2 * ceil_div(ne, kW) * kW;  // floats read
       if (x_end - src >= reach) {
         for (int64_t i = 0; i < ne; i += kW) {
-          simd::load_even(src + 2 * i).store(e + i);
-          simd::load_even(src + 2 * i + 1).store(o + i);
+          VecF ev, od;
+          simd::load_deinterleave(src + 2 * i, &ev, &od);
+          ev.store(e + i);
+          od.store(o + i);
         }
         zero.store(e + ne);
         zero.store(o + no);
