@@ -61,11 +61,6 @@ ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
 ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
   return {_mm512_min_ps(hi.v, x.v)};
 }
-/// Lanes p[0], p[2], ..., p[2 * (kWidth - 1)]; reads p[0 .. 2 * kWidth).
-ETB_SIMD_INLINE VecF load_even(const float* p) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16))};
-}
 /// Lanes p[0], p[2], ... into even and p[1], p[3], ... into odd; reads p[0 .. 2 * kWidth).
 ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
   const __m512i e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -144,12 +139,8 @@ ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
 ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
   return {_mm256_min_ps(hi.v, x.v)};
 }
-ETB_SIMD_INLINE VecF load_even(const float* p) {
-  // [p0 p2 p8 p10 | p4 p6 p12 p14] -> [p0 p2 p4 p6 p8 p10 p12 p14]
-  const __m256 mixed = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);
-  return {_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(mixed), 0xD8))};
-}
 ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
+  // shuffle: [p0 p2 p8 p10 | p4 p6 p12 p14]; permute: [p0 p2 p4 p6 p8 p10 p12 p14]
   const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
   even->v = _mm256_castpd_ps(
       _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
@@ -226,9 +217,6 @@ ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
 ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
   return {_mm_min_ps(hi.v, x.v)};
 }
-ETB_SIMD_INLINE VecF load_even(const float* p) {
-  return {_mm_shuffle_ps(_mm_loadu_ps(p), _mm_loadu_ps(p + 4), 0x88)};
-}
 ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
   const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 4);
   even->v = _mm_shuffle_ps(a, b, 0x88);
@@ -292,9 +280,6 @@ ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
 ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
   return {vminq_f32(hi.v, x.v)};
 }
-ETB_SIMD_INLINE VecF load_even(const float* p) {
-  return {vuzp1q_f32(vld1q_f32(p), vld1q_f32(p + 4))};
-}
 ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
   const float32x4_t a = vld1q_f32(p), b = vld1q_f32(p + 4);
   even->v = vuzp1q_f32(a, b);
@@ -352,9 +337,6 @@ ETB_SIMD_INLINE VecF max_nan(VecF lo, VecF x) {
 ETB_SIMD_INLINE VecF min_nan(VecF hi, VecF x) {
   return {x.v > hi.v ? hi.v : x.v};
 }
-ETB_SIMD_INLINE VecF load_even(const float* p) {
-  return {*p};
-}
 ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
   even->v = p[0];
   odd->v = p[1];
@@ -370,6 +352,13 @@ ETB_SIMD_INLINE VecF select(MaskF k, VecF a, VecF b) {
   return {k.m ? a.v : b.v};
 }
 #endif
+
+/// Lanes p[0], p[2], ..., p[2 * (kWidth - 1)]; reads p[0 .. 2 * kWidth).
+ETB_SIMD_INLINE VecF load_even(const float* p) {
+  VecF even, odd;  // (the odd lanes' shuffle is dropped as unused)
+  load_deinterleave(p, &even, &odd);
+  return even;
+}
 
 /// lo <= x <= hi lane by lane; a NaN lane stays NaN.
 ETB_SIMD_INLINE VecF clamp(VecF x, VecF lo, VecF hi) {

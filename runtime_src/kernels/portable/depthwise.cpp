@@ -56,17 +56,6 @@ constexpr int kNV = 4;                           // vectors per block (run_rows 
 constexpr int64_t kSlack = 64;                   // zeroed floats past the planes (>= kW)
 constexpr size_t kMaxScratch = size_t(2) << 20;  // beyond this, the plain loop
 constexpr int64_t kMaxStride = 64;               // larger strides take the plain loop
-// Whether some shapes run on channel lanes (depthwise_lanes.cpp): not with 1-lane vectors, so
-// that a scalar build (Cortex-M) links none of it.
-constexpr bool kLanes = kW > 1;
-
-inline size_t align64(size_t n) {
-  return (n + 63) & ~size_t(63);
-}
-
-inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // Geometry of the phase planes and of the flat output plane for one shape.
 struct Layout {
@@ -469,22 +458,27 @@ void plain(const ConvShape& s, const float* in, const float* w, const float* bia
   }
 }
 
+// Whether shape s runs on channel lanes (depthwise_lanes.cpp); never with 1-lane vectors, so
+// that a scalar build (Cortex-M) links none of it.
+bool on_lanes(const ConvShape& s) {
+  return kW > 1 && depthwise_lanes_suit(s);
+}
+
 }  // namespace
 
 int64_t depthwise_conv_f32_channel_block(const ConvShape& s) {
-  return kLanes && depthwise_lanes_suit(s) ? depthwise_lanes_width() : 1;
+  return on_lanes(s) ? depthwise_lanes_width() : 1;
 }
 
 size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s) {
-  if (kLanes && depthwise_lanes_suit(s)) return depthwise_lanes_f32_scratch_bytes(s);
+  if (on_lanes(s)) return depthwise_lanes_f32_scratch_bytes(s);
   const Layout L = layout_of(s);
   return L.planar ? L.plane_bytes + L.flat_bytes + L.tap_bytes : 0;
 }
 
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
                         OutputClamp clamp, float* out, void* scratch) {
-  if (kLanes && depthwise_lanes_suit(s))
-    return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
+  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
   Layout L = layout_of(s);
   if (!L.planar) return plain(s, in, w, bias, clamp, out);
   char* mem = static_cast<char*>(scratch);

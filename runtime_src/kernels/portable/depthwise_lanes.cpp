@@ -43,14 +43,6 @@ constexpr size_t kMaxScratch = size_t(160) << 10;  // beyond this, planes
 // (20x20); with 4 lanes, up to 100 outputs (10x10) either way.
 constexpr int64_t kMaxOutputs = kW >= 8 ? 400 : 100;
 
-inline size_t align64(size_t n) {
-  return (n + 63) & ~size_t(63);
-}
-
-inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 // Where each part lives in scratch, and NP for the shape.
 struct Lanes {
   int64_t Hp, Wp, np;

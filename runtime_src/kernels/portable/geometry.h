@@ -20,6 +20,16 @@ struct ConvShape {
   int64_t sh, sw, ph, pw, dh, dw, groups;
 };
 
+/// n rounded up to a multiple of 64 (scratch offsets that keep 64-byte alignment).
+inline size_t align64(size_t n) {
+  return (n + 63) & ~size_t(63);
+}
+
+/// a / b rounded up, for a >= 0 and b > 0.
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
 /// Valid output range [lo, hi) along one axis for kernel offset `koff`, so that
 /// 0 <= o * stride - pad + koff < in: inner loops over it need no bounds checks.
 inline void valid_range(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t koff,
