@@ -25,7 +25,7 @@ namespace {
 #if defined(__AVX512BW__)
 constexpr int64_t kMR = 8, kNR = 32;  // 16 zmm accumulators
 #elif defined(__AVX2__)
-constexpr int64_t kMR = 4, kNR = 16;  // 8 ymm accumulators (6 rows spilled them to the stack)
+constexpr int64_t kMR = 6, kNR = 16;  // 12 ymm accumulators
 #else
 constexpr int64_t kMR = 4, kNR = 8;
 #endif
@@ -343,22 +343,34 @@ void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* til
     for (int v = 0; v < kVecs; ++v) _mm512_storeu_si512(tile + i * kNR + 16 * v, c[i][v]);
 }
 #elif defined(__AVX2__)
+// Named accumulators, as in the VNNI kernel and for the same reason: with an array of them GCC
+// copied every accumulator around its add in each step (and spilled a 6-row tile to the
+// stack), and loaded each vector of B once per row. This form keeps the 12 in registers and
+// loads B once a step: 1.3x the multiply-adds per second of the 4 x 16 array tile it replaced.
+static_assert(kMR == 6, "the AVX2 micro-kernel is written for 6 rows");
 template <int kVecs, class Steps>
-void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at, int32_t* tile) {
-  __m256i c[kMR][kVecs];
-  for (int64_t i = 0; i < kMR; ++i)
-    for (int v = 0; v < kVecs; ++v) c[i][v] = _mm256_setzero_si256();
+[[gnu::noinline]] void micro_kernel(int64_t Kp, const int16_t* const* ar, Steps b_at,
+                                    int32_t* tile) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero,
+          c31 = zero, c40 = zero, c41 = zero, c50 = zero, c51 = zero;
+  const int16_t *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5];
   for (int64_t kp = 0; kp < Kp; ++kp) {
     const int16_t* bp = b_at(kp);
-    __m256i b[kVecs];
-    for (int v = 0; v < kVecs; ++v)
-      b[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16 * v));
-    for (int64_t i = 0; i < kMR; ++i) {
-      const __m256i a = _mm256_set1_epi32(load_pair(ar[i] + 2 * kp));
-      for (int v = 0; v < kVecs; ++v)
-        c[i][v] = _mm256_add_epi32(c[i][v], _mm256_madd_epi16(a, b[v]));
-    }
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
+    const __m256i b1 =
+        kVecs == 2 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16)) : zero;
+#define ETB_ROW(i)                                                                  \
+  {                                                                                 \
+    const __m256i ai = _mm256_set1_epi32(load_pair(a##i + 2 * kp));                 \
+    c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(ai, b0));                 \
+    if (kVecs == 2) c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(ai, b1)); \
   }
+    ETB_ROW(0) ETB_ROW(1) ETB_ROW(2) ETB_ROW(3) ETB_ROW(4) ETB_ROW(5)
+#undef ETB_ROW
+  }
+  const __m256i c[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                             {c30, c31}, {c40, c41}, {c50, c51}};
   for (int64_t i = 0; i < kMR; ++i)
     for (int v = 0; v < kVecs; ++v)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + i * kNR + 8 * v), c[i][v]);

@@ -79,7 +79,7 @@ void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const i
 /// one group of channels, so a step's columns are a run of consecutive words of that layout:
 /// word (st, q) of B is words[offsets[st] + q], offsets being the caller's (the geometry).
 int64_t qgemm_step_channels();
-/// Columns of a panel (a multiple of 8, at most 64) and rows of a tile (a power of two).
+/// Columns of a panel (a multiple of 8, at most 64) and rows of a tile (at most 8).
 int64_t qgemm_panel_columns();
 int64_t qgemm_tile_rows();
 /// Weights W [M][C][T] (C input channels x T taps a row) packed for qgemm_taps: the depth in
