@@ -337,6 +337,34 @@ def test_conv2d_depthwise_direct_paths(rt, pipeline_program, shape):
     run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)])
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # (N, C, H, W, channel multiplier, kernel, stride, padding, dilation, threads)
+        (1, 13, 7, 7, 1, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # a last block of 5 channels
+        (2, 5, 6, 9, 2, (3, 3), (2, 2), (1, 1), (1, 1), 1),  # multiplier 2; the tensor's end
+        (1, 8, 3, 2, 1, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # a plane of 6 outputs (< 8)
+        (1, 16, 9, 9, 1, (7, 7), (1, 1), (3, 3), (1, 1), 1),  # a 7x7 kernel
+        (1, 9, 16, 17, 1, (3, 3), (3, 2), (1, 0), (2, 1), 1),  # stride 3, dilation 2
+        (1, 11, 14, 14, 1, (1, 2), (1, 1), (0, 1), (1, 1), 1),  # a 1x2 kernel
+        (3, 20, 14, 14, 1, (3, 3), (2, 2), (1, 1), (1, 1), 3),  # blocks over 3 threads
+        (1, 24, 28, 28, 1, (3, 3), (2, 2), (1, 1), (1, 1), 2),
+    ],
+)
+def test_conv2d_depthwise_on_channel_lanes(rt, pipeline_program, shape):
+    """Small planes, strided and general shapes, which AVX2 builds run 8 channels to a vector:
+    partial blocks, planes smaller than a vector, kernels, strides and dilations the planes
+    path does not take, threads splitting the blocks."""
+    n, c, h, w, mult, k, stride, padding, dilation, threads = shape
+    gen = torch.Generator().manual_seed(c * h + w)
+    rng = random.Random(c * h + w)
+    args = dict(xs=0.04, xzp=rng.choice([-128, 9, 127]), w=i8((c * mult, 1, *k), gen),
+                ws=weight_scales(rng, gen, c * mult), b=torch.randn(c * mult, generator=gen),
+                stride=list(stride), padding=list(padding), dilation=list(dilation), groups=c,
+                os=0.06, ozp=-3, lo=-100, hi=90)  # fmt: skip
+    run_exact(rt, pipeline_program, conv_module(args), [i8((n, c, h, w), gen)], threads=threads)
+
+
 def test_conv2d_depthwise_extreme_values(rt, pipeline_program):
     """|x - zp| = 255 against weights of -128 and 127: the largest int16 products and pair sums."""
     gen = torch.Generator().manual_seed(7)
@@ -356,9 +384,8 @@ def test_conv2d_depthwise_extreme_values(rt, pipeline_program):
     [([2, 1], [1, 1], [1, 1], 3), ([1, 1], [2, 2], [2, 2], 3), ([3, 3], [1, 1], [1, 1], 3),
      ([1, 1], [1, 1], [1, 1], 7), ([1, 1], [3, 0], [1, 1], 3)],
 )  # fmt: skip
-def test_conv2d_depthwise_other_shapes_take_the_general_path(
-    rt, pipeline_program, stride, padding, dilation, k
-):
+def test_conv2d_depthwise_other_shapes(rt, pipeline_program, stride, padding, dilation, k):
+    """Shapes the planes path does not take: on channel lanes (AVX2) or the general path."""
     gen = torch.Generator().manual_seed(k + sum(stride) + sum(padding))
     rng = random.Random(3)
     c = 10

@@ -17,6 +17,7 @@
 
 #include "kernels/portable/geometry.h"
 #include "kernels/quantized/depthwise.h"
+#include "kernels/quantized/depthwise_lanes.h"
 #include "kernels/quantized/qgemm.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
@@ -92,6 +93,12 @@ void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const 
 Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                      int8_t* y) {
+  if (depthwise_lanes_suit(s)) {
+    Result<void*> tmp = ctx.allocate_temp(depthwise_lanes_temp_bytes(s, ctx.num_threads()));
+    if (!tmp.ok()) return tmp.error();
+    depthwise_lanes(ctx, s, x, xzp, w, mult, bias, q, y, tmp.value());
+    return Error::Ok;
+  }
   if (depthwise_direct_supported(s)) {
     Result<void*> tmp = ctx.allocate_temp(depthwise_direct_temp_bytes(s, ctx.num_threads()));
     if (!tmp.ok()) return tmp.error();
