@@ -179,6 +179,7 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
         (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
         (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise with 529 taps: the generic path
         (1, 8, 1, 1, 8, 1, 1, 0, 1),  # 1x1 spatial
+        (1, 96, 7, 7, 40, 1, 1, 0, 1),  # a 7x7 plane: its 49th column by dot products
         # K = 3 * 41 * 41 = 5043 (odd): weights packed in 3 chunks of rows, 4 column blocks
         (1, 3, 24, 25, 290, 41, 1, 20, 1),
     ],
@@ -222,6 +223,7 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
     [
         # (N, C, H, W, OC, k, stride, pad, groups)
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
+        (1, 160, 7, 7, 45, 1, 1, 0, 1),  # pointwise on 7x7: slivers with the dot column split
         (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3, taps path: the threads split runs of panels
         (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and run
         # a small plane, weights bigger than the layout: chunks of rows (at 3 and 4 threads

@@ -46,6 +46,16 @@ constexpr int64_t kAChunkBytes = 32 * 1024;
 constexpr int64_t kAChunkBytes = 2 << 20;
 #endif
 constexpr int64_t kSmallN = 4;  // fewer columns: plain dot products
+// A last panel of this many columns, at a depth of at least kDotDepth, takes dot products of
+// the sliver's packed rows (in L1 from its tiles) and the column widened: a 7x7 plane's 49th
+// column would cost half a tile, 8 columns' multiply-adds. (With the VNNI step's packing, a
+// tile.) Dots over A itself were slower in a model: its int8 rows are a second stream of
+// weights from memory.
+#if defined(ETB_QGEMM_U8S8)
+constexpr int64_t kDotColumns = 0, kDotDepth = 64;
+#else
+constexpr int64_t kDotColumns = 1, kDotDepth = 64;
+#endif
 
 inline int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
@@ -496,6 +506,31 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
   return s;
 }
 
+// sum_k a[k] * b[k] over int16 values (a row of packed A, widened, and a column of B).
+inline int32_t dot_widened(const int16_t* __restrict a, const int16_t* __restrict b, int64_t K) {
+  int64_t k = 0;
+  int32_t s = 0;
+#if defined(__AVX2__)
+  __m256i acc = _mm256_setzero_si256();
+  for (; k + 16 <= K; k += 16) {
+    const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + k));
+    const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + k));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(va, vb));
+  }
+  s = hsum(acc);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  int32x4_t acc = vdupq_n_s32(0);
+  for (; k + 8 <= K; k += 8) {
+    const int16x8_t va = vld1q_s16(a + k), vb = vld1q_s16(b + k);
+    acc = vmlal_s16(acc, vget_low_s16(va), vget_low_s16(vb));
+    acc = vmlal_high_s16(acc, va, vb);
+  }
+  s = vaddvq_s32(acc);
+#endif
+  for (; k < K; ++k) s += int32_t(a[k]) * int32_t(b[k]);
+  return s;
+}
+
 // The rows of packed A that sliver t (mr of its rows within A) reads: rows past the end
 // repeat the last row (their sums are not delivered).
 inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t K,
@@ -625,7 +660,8 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
   const int64_t few = threads > 1 ? min64(N, (kColumnSplitPanels * threads - 1) * kNR) : 0;
   const int64_t few_cols = (few + kNR - 1) / kNR * kNR, cols = b_block_cols(N, K, 1);
   return align64(size_t(few_cols > cols ? few_cols : cols) * S * 4) +
-         align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * R * 4);
+         align64(size_t(chunk_rows(M > 0 ? M : 1, K)) * R * 4) +
+         align64(size_t(kDotColumns * (K > 0 ? K : 1)) * sizeof(int16_t));
 }
 
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
@@ -734,6 +770,10 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
   int16_t* bpack = static_cast<int16_t*>(workspace);
   int16_t* achunk = reinterpret_cast<int16_t*>(static_cast<char*>(workspace) +
                                                align64(size_t(nc_max) * size_t(S) * 4));
+  // The columns of a narrow last panel, each as K contiguous int16 (dot products' B).
+  int16_t* dot_cols =
+      reinterpret_cast<int16_t*>(reinterpret_cast<char*>(achunk) +
+                                 align64(size_t(chunk_rows(M, K)) * size_t(row_words(K)) * 4));
   const int16_t* apack = apacked != nullptr ? apacked : achunk;
   const int64_t panels = (N + kNR - 1) / kNR;
   const bool split_columns =
@@ -759,17 +799,30 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
         const int64_t j0 = panel * kNR;
         pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2);
       };
-      kctx.parallel_for((nc + kNR - 1) / kNR, pack);
+      // A narrow last panel: its columns gathered for dot products instead.
+      const int64_t last_nr = (nc - 1) % kNR + 1;
+      const bool dots = last_nr <= kDotColumns && nc > kNR && K >= kDotDepth;
+      const int64_t tiled = dots ? nc - last_nr : nc;
+      if (dots)
+        for (int64_t j = 0; j < last_nr; ++j)
+          for (int64_t k = 0; k < K; ++k)
+            dot_cols[j * K + k] = B[k * b_sk + (n0 + tiled + j) * b_sn];
+      kctx.parallel_for((tiled + kNR - 1) / kNR, pack);
       auto rows = [&](int64_t t, int) {
         alignas(64) int32_t tile[kMR * kNR];
         const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
         const int16_t* ar[kMR];
         sliver_rows(apack, t, mr, K, ar);
-        for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
-          const int64_t nr = min64(kNR, nc - j0);
+        for (int64_t j0 = 0; j0 < tiled; j0 += kNR) {
+          const int64_t nr = min64(kNR, tiled - j0);
           multiply_tile(S, ar, PanelSteps{bpack + (j0 / kNR) * S * kNR * 2}, nr, tile);
           fn(ctx, m0, n0 + j0, mr, nr, tile, kNR);
         }
+        if (!dots) return;
+        for (int64_t i = 0; i < mr; ++i)
+          for (int64_t j = 0; j < last_nr; ++j)
+            tile[i * kNR + j] = dot_widened(ar[i], dot_cols + j * K, K);
+        fn(ctx, m0, n0 + tiled, mr, last_nr, tile, kNR);
       };
       kctx.parallel_for(slivers, rows);
     }
