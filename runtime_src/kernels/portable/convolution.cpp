@@ -150,6 +150,9 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       L.fill_plane(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior);
     };
     ctx.parallel_for(s.C * L.phases(), fill);
+    float* yn = y + n * s.OC * P;
+    // Each task multiplies, then copies its own part of the product out (its rows' output
+    // pixels among its columns): the thread that wrote the part, while it is in its cache.
     auto multiply = [&](int64_t t, int thread) {
       const int64_t c = t % chunks, r = t / chunks % runs, g = t / (chunks * runs);
       const int64_t q0 = steps * r / runs * 32, q_end = steps * (r + 1) / runs * 32;
@@ -161,14 +164,14 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, taps + g * cin_g * plane + q0,
                  offsets, s.KH * s.KW, product + row * Q + q0, Q, gep,
                  reinterpret_cast<float*>(ws + size_t(thread) * ws_bytes));
+      for (int64_t m = row; m < g * oc_g + m1; ++m)
+        for (int64_t oh = q0 / L.Wq; oh * L.Wq < q1; ++oh) {
+          const int64_t a = q0 > oh * L.Wq ? q0 : oh * L.Wq;  // columns [a, e) of row oh
+          const int64_t e = q1 < oh * L.Wq + s.OW ? q1 : oh * L.Wq + s.OW;
+          if (a < e) copy_run(yn + m * P + oh * s.OW + (a - oh * L.Wq), product + m * Q + a, e - a);
+        }
     };
     ctx.parallel_for(s.groups * runs * chunks, multiply);
-    float* yn = y + n * s.OC * P;
-    auto copy_out = [&](int64_t m, int) {
-      for (int64_t oh = 0; oh < s.OH; ++oh)
-        copy_run(yn + m * P + oh * s.OW, product + m * Q + oh * L.Wq, s.OW);
-    };
-    ctx.parallel_for(s.OC, copy_out);
   }
   return Error::Ok;
 }
