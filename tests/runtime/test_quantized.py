@@ -177,7 +177,7 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # many pixels: several packed column blocks
         (1, 3, 33, 35, 32, 3, 2, 1, 1),  # MobileNet's first conv
         (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
-        (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise with 529 taps: the generic path
+        (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise, 529 taps: channel lanes (AVX2) or generic
         (1, 8, 1, 1, 8, 1, 1, 0, 1),  # 1x1 spatial
         (1, 96, 7, 7, 40, 1, 1, 0, 1),  # a 7x7 plane: its 49th column by dot products
         # K = 3 * 41 * 41 = 5043 (odd): weights packed in 3 chunks of rows, 4 column blocks
