@@ -35,7 +35,6 @@ namespace {
 
 using simd::VecF;
 constexpr int kW = VecF::kWidth;
-constexpr int kMaxPixels = 8;                      // NP: output pixels computed together
 constexpr size_t kMaxScratch = size_t(160) << 10;  // beyond this, planes
 // Output planes beyond which planes are the faster way (a copy in and out per kW channels
 // against a channel's costs on planes), measured on AVX2 and SSE2 (NEON, with 4 lanes too,
@@ -43,9 +42,9 @@ constexpr size_t kMaxScratch = size_t(160) << 10;  // beyond this, planes
 // (20x20); with 4 lanes, up to 100 outputs (10x10) either way.
 constexpr int64_t kMaxOutputs = kW >= 8 ? 400 : 100;
 
-// Where each part lives in scratch, and NP for the shape.
+// Where each part lives in scratch.
 struct Lanes {
-  int64_t Hp, Wp, np;
+  int64_t Hp, Wp;
   size_t t_bytes, o_bytes, w_bytes, off_bytes;
   size_t total() const { return t_bytes + o_bytes + w_bytes + off_bytes; }
 };
@@ -54,8 +53,6 @@ Lanes lanes_of(const ConvShape& s) {
   Lanes L{};
   L.Hp = s.H + 2 * s.ph;
   L.Wp = s.W + 2 * s.pw;
-  // A row of outputs in segments of at most kMaxPixels, as even as they come (7 for 14).
-  L.np = ceil_div(s.OW, ceil_div(s.OW, kMaxPixels));
   const int64_t KK = s.KH * s.KW;
   L.t_bytes = align64(size_t(L.Hp * L.Wp * kW) * sizeof(float));
   L.o_bytes = align64(size_t(ceil_div(s.OH * s.OW, kW) * kW * kW) * sizeof(float));
@@ -117,34 +114,15 @@ ETB_SIMD_INLINE void pixels(const Block& b, const float* q, int64_t step, float*
   for (int j = 0; j < NP; ++j) simd::clamp(acc[j], b.lo, b.hi).store(o + j * kW);
 }
 
-// Every output pixel into o [OH * OW], each row in segments of NP (the last one ending at the
-// row's end).
-template <int NP, int S>
-void output_rows(const ConvShape& s, const Lanes& L, const Block& b, float* o) {
-  const int64_t step = s.sw * kW;
-  for (int64_t oh = 0; oh < s.OH; ++oh) {
-    const float* row = b.t + oh * s.sh * L.Wp * kW;
-    float* orow = o + oh * s.OW * kW;
-    for (int64_t ow = 0;; ow += NP) {
-      if (ow > s.OW - NP) ow = s.OW - NP;
-      pixels<NP, S>(b, row + ow * step, step, orow + ow * kW);
-      if (ow == s.OW - NP) break;
-    }
-  }
-}
-
+// Every output pixel into o [OH * OW] (segments: for_each_lane_segment).
 template <int S>
 void output_rows(const ConvShape& s, const Lanes& L, const Block& b, float* o) {
-  switch (L.np) {
-    case 1: return output_rows<1, S>(s, L, b, o);
-    case 2: return output_rows<2, S>(s, L, b, o);
-    case 3: return output_rows<3, S>(s, L, b, o);
-    case 4: return output_rows<4, S>(s, L, b, o);
-    case 5: return output_rows<5, S>(s, L, b, o);
-    case 6: return output_rows<6, S>(s, L, b, o);
-    case 7: return output_rows<7, S>(s, L, b, o);
-    default: return output_rows<kMaxPixels, S>(s, L, b, o);
-  }
+  const int64_t step = s.sw * kW;
+  auto segment = [&](auto np, int64_t oh, int64_t ow) {
+    pixels<decltype(np)::value, S>(b, b.t + (oh * s.sh * L.Wp + ow * s.sw) * kW, step,
+                                   o + (oh * s.OW + ow) * kW);
+  };
+  for_each_lane_segment(s, segment);
 }
 
 }  // namespace

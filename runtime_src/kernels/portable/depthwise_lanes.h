@@ -4,12 +4,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel/kernel.h"
 #include "kernels/portable/geometry.h"
 
 namespace etb {
 namespace native {
+
+/// How a channel-lanes kernel (fp32 here, int8 in quantized/depthwise_lanes.cpp) walks its
+/// output pixels: a row at a time, in segments of NP <= 8 pixels summed together (as even as
+/// they come: 7 and 7 for 14), the last segment ending at the row's end (overlapping the one
+/// before). Calls f(std::integral_constant<int, NP>(), oh, ow) for each segment's first pixel.
+template <int NP, class F>
+void for_each_lane_segment(const ConvShape& s, F& f) {
+  for (int64_t oh = 0; oh < s.OH; ++oh)
+    for (int64_t ow = 0;; ow += NP) {
+      if (ow > s.OW - NP) ow = s.OW - NP;
+      f(std::integral_constant<int, NP>(), oh, ow);
+      if (ow == s.OW - NP) break;
+    }
+}
+template <class F>
+void for_each_lane_segment(const ConvShape& s, F& f) {
+  switch (ceil_div(s.OW, ceil_div(s.OW, int64_t(8)))) {
+    case 1: return for_each_lane_segment<1>(s, f);
+    case 2: return for_each_lane_segment<2>(s, f);
+    case 3: return for_each_lane_segment<3>(s, f);
+    case 4: return for_each_lane_segment<4>(s, f);
+    case 5: return for_each_lane_segment<5>(s, f);
+    case 6: return for_each_lane_segment<6>(s, f);
+    case 7: return for_each_lane_segment<7>(s, f);
+    default: return for_each_lane_segment<8>(s, f);
+  }
+}
 
 /// Whether shape `s` runs on channel lanes: strided convolutions and small planes, where the
 /// per-channel costs of the planes (depthwise.cpp) dominate, when their scratch stays small.

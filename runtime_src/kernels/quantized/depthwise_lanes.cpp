@@ -22,6 +22,7 @@
 
 #include <cstring>
 
+#include "kernels/portable/depthwise_lanes.h"
 #include "kernels/quantized/depthwise.h"
 #include "kernels/simd.h"
 
@@ -32,7 +33,6 @@ namespace quantized {
 namespace {
 
 constexpr int kL = 8;                              // lanes: channels per block
-constexpr int kMaxPixels = 8;                      // NP: output pixels summed together
 constexpr size_t kMaxScratch = size_t(160) << 10;  // a thread's scratch, beyond which planes
 // Among the shapes the planes take, those of input planes up to this many pixels (16x16):
 // measured on AVX2 against planes, MobileNetV2's 7x7 layers took 0.63 of the time, 14x14
@@ -40,7 +40,7 @@ constexpr size_t kMaxScratch = size_t(160) << 10;  // a thread's scratch, beyond
 constexpr int64_t kMaxInputs = 256;
 
 struct Lanes {
-  int64_t Hp, Wp, np;
+  int64_t Hp, Wp;
   size_t t_bytes, o_bytes, w_bytes, off_bytes;
   size_t total() const { return t_bytes + o_bytes + w_bytes + off_bytes; }
 };
@@ -49,7 +49,6 @@ Lanes lanes_of(const ConvShape& s) {
   Lanes L{};
   L.Hp = s.H + 2 * s.ph;
   L.Wp = s.W + 2 * s.pw;
-  L.np = ceil_div(s.OW, ceil_div(s.OW, kMaxPixels));  // segments as even as they come
   const int64_t KK = s.KH * s.KW;
   L.t_bytes = align64(size_t(L.Hp * L.Wp * kL) * sizeof(int32_t));
   L.o_bytes = align64(size_t(ceil_div(s.OH * s.OW, kL) * kL * kL) * sizeof(int32_t));
@@ -101,34 +100,15 @@ inline void pixels(const Block& b, const int32_t* p, int64_t step, int32_t* o) {
   }
 }
 
-// Every output pixel into o [OH * OW], each row in segments of NP (the last one ending at the
-// row's end).
-template <int NP, int S>
-void output_rows(const ConvShape& s, const Lanes& L, const Block& b, int32_t* o) {
-  const int64_t step = s.sw * kL;
-  for (int64_t oh = 0; oh < s.OH; ++oh) {
-    const int32_t* row = b.t + oh * s.sh * L.Wp * kL;
-    int32_t* orow = o + oh * s.OW * kL;
-    for (int64_t ow = 0;; ow += NP) {
-      if (ow > s.OW - NP) ow = s.OW - NP;
-      pixels<NP, S>(b, row + ow * step, step, orow + ow * kL);
-      if (ow == s.OW - NP) break;
-    }
-  }
-}
-
+// Every output pixel into o [OH * OW] (segments: for_each_lane_segment).
 template <int S>
 void output_rows(const ConvShape& s, const Lanes& L, const Block& b, int32_t* o) {
-  switch (L.np) {
-    case 1: return output_rows<1, S>(s, L, b, o);
-    case 2: return output_rows<2, S>(s, L, b, o);
-    case 3: return output_rows<3, S>(s, L, b, o);
-    case 4: return output_rows<4, S>(s, L, b, o);
-    case 5: return output_rows<5, S>(s, L, b, o);
-    case 6: return output_rows<6, S>(s, L, b, o);
-    case 7: return output_rows<7, S>(s, L, b, o);
-    default: return output_rows<kMaxPixels, S>(s, L, b, o);
-  }
+  const int64_t step = s.sw * kL;
+  auto segment = [&](auto np, int64_t oh, int64_t ow) {
+    pixels<decltype(np)::value, S>(b, b.t + (oh * s.sh * L.Wp + ow * s.sw) * kL, step,
+                                   o + (oh * s.OW + ow) * kL);
+  };
+  native::for_each_lane_segment(s, segment);
 }
 
 // dst[j kL + l] = src[l][at + j] - zp for j < n, as int32: n columns of the kL byte rows
