@@ -11,6 +11,13 @@ namespace etb {
 /// num_threads(), so a kernel can give each thread its own slice of scratch memory.
 using TaskFn = void (*)(void* ctx, int64_t task, int thread);
 
+/// Tasks a kernel cuts its work into per thread, where the work has units for them. A pool
+/// balances a loop by claims (a thread done with its share takes what is left of the others'),
+/// so a core slowed for a while (by another process, or another tenant of the host) hands
+/// tasks over. With 4 tasks a thread, the last task of a late core held the loop back by up to
+/// an eighth of its work; with 16, by a thirty-second.
+constexpr int64_t kTasksPerThread = 16;
+
 /// A set of threads that runs the tasks of one loop at a time.
 class Parallel {
  public:

@@ -260,8 +260,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
     const int64_t block = depthwise_conv_f32_channel_block(s);
+    const int64_t tasks = kTasksPerThread * threads;
     const int64_t run =
-        threads == 1 ? s.C : ((s.C + 4 * threads - 1) / (4 * threads) + block - 1) / block * block;
+        threads == 1 ? s.C : ((s.C + tasks - 1) / tasks + block - 1) / block * block;
     const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
     const float* bd = bias != nullptr ? bias->data_as<float>() : nullptr;
     auto channels = [&](int64_t task, int thread) {
@@ -305,8 +306,8 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const int64_t tile_bytes = threads <= 8 ? int64_t(256) << 10 : (int64_t(2) << 20) / threads;
   int64_t pc = tile_bytes / int64_t(sizeof(float)) / K;
   pc = pc < 32 ? 32 : (pc / 32) * 32;
-  // With threads, at least four tiles a thread where the plane has columns for them.
-  const int64_t share = (P / (4 * threads) + 31) / 32 * 32;
+  // With threads, kTasksPerThread tiles a thread where the plane has columns for them.
+  const int64_t share = (P / (kTasksPerThread * threads) + 31) / 32 * 32;
   if (threads > 1 && share >= 32 && share < pc) pc = share;
 #if !defined(ETB_BARE_METAL)
   // Hosted, a small plane (ResNet18's 7x7 and 14x14 layers) is one tile: every extra tile

@@ -319,7 +319,7 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
     }
   };
   // Enough tasks for every thread to get several.
-  const int64_t want = 4 * int64_t(ctx.num_threads());
+  const int64_t want = kTasksPerThread * int64_t(ctx.num_threads());
   const int64_t units = row_tiles * (one_loop ? col_blocks : 1);
   const int64_t block_tiles = (min64(nc_block, N) + kNR - 1) / kNR;
   const int64_t col_runs =

@@ -233,7 +233,7 @@ void parallel_range(const KernelContext& ctx, int64_t n, int64_t unit_cost, F&& 
 #else
   const int64_t cost = unit_cost > 0 ? unit_cost : 1;
   int64_t tasks = n / (kParallelGrain / cost > 0 ? kParallelGrain / cost : 1);
-  const int64_t most = int64_t(ctx.num_threads()) * 4;  // a few per thread balance the load
+  const int64_t most = int64_t(ctx.num_threads()) * kTasksPerThread;
   tasks = tasks > most ? most : tasks;
   if (tasks <= 1 || n <= 1 || ctx.num_threads() <= 1) {
     if (n > 0) f(int64_t(0), n);

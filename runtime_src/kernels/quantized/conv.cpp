@@ -37,20 +37,21 @@ constexpr int64_t kColTileBytes = 512 * 1024;
 // An output plane's P columns cut into im2col tiles, in steps of 16 columns (whole panels of
 // the AVX2 GEMM tile; two panels of the AVX-512 one). Tile i holds the steps
 // [steps * i / count, steps * (i + 1) / count): widths differ by at most one step, so threads
-// that take equally many tiles get equally many columns (a 28x28 plane on 2 threads: 8 tiles
-// of 6 or 7 steps, where tiles of a fixed width made 7 of 7 steps, 4 of them on one thread).
+// that take equally many tiles get equally many columns (49 steps in 8 tiles: 6 or 7 steps
+// each, where tiles of a fixed 7 steps made 7 tiles, 4 of them on one of 2 threads).
 struct ColumnTiles {
   static constexpr int64_t kStep = 16;
   int64_t P, steps, count;
 
-  // At most `max_cols` columns a tile. With threads: at least four tiles a thread, of at least
+  // At most `max_cols` columns a tile. With threads: kTasksPerThread tiles a thread, of at least
   // two steps, where the plane has the steps for them, and a multiple of the thread count
   // where it has the steps for that.
   ColumnTiles(int64_t P_, int64_t max_cols, int threads) : P(P_), steps((P_ + kStep - 1) / kStep) {
     const int64_t per = max_cols / kStep > 1 ? max_cols / kStep : 1;
     count = (steps + per - 1) / per;
     if (threads > 1) {
-      const int64_t want = 4 * int64_t(threads) < steps / 2 ? 4 * int64_t(threads) : steps / 2;
+      const int64_t most = kTasksPerThread * int64_t(threads);
+      const int64_t want = most < steps / 2 ? most : steps / 2;
       if (count < want) count = want;
       const int64_t even = (count + threads - 1) / threads * threads;
       if (even <= steps) count = even;

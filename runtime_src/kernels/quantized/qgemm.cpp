@@ -784,7 +784,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
     if (split_columns) {
       // Many columns: one loop in which the threads split runs of panels, each packing its
       // panels into a panel of the B block's memory of its own.
-      const int64_t runs = min64(panels, 8 * int64_t(threads));
+      const int64_t runs = min64(panels, kTasksPerThread * int64_t(threads));
       auto columns = [&](int64_t r, int thread) {
         multiply_panels(mc0, mc, K, apack, panels * r / runs * kNR,
                         min64(N, panels * (r + 1) / runs * kNR), B, b_sk, b_sn,
