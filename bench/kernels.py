@@ -940,7 +940,8 @@ SAMPLE_BUDGET_MS = 500.0  # a slow runtime (e.g. x86-64-v2 int8) runs fewer iter
 
 def measure(cells: list[Cell], iters: int, rounds: int) -> None:
     """Round-robin: every runtime runs iters/rounds iterations per round, in turn (fewer when
-    that would take more than SAMPLE_BUDGET_MS; at least one)."""
+    that would take more than SAMPLE_BUDGET_MS; at least one). Every other round runs the
+    cells in reverse, so that a drift of the host's pace does not favour the first ones."""
     live = [c for c in cells if c.timed is not None and not c.error]
     per = max(1, iters // max(1, rounds))
     count = {}
@@ -951,8 +952,8 @@ def measure(cells: list[Cell], iters: int, rounds: int) -> None:
             count[c.runtime] = max(1, min(per, int(SAMPLE_BUDGET_MS / max(ms, 1e-3))))
         except Exception as exc:  # noqa: BLE001
             c.error = f"run failed: {short_error(exc)}"
-    for _ in range(rounds):
-        for c in live:
+    for r in range(rounds):
+        for c in live if r % 2 == 0 else live[::-1]:
             if c.error:
                 continue
             try:

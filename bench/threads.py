@@ -240,18 +240,24 @@ def main() -> int:
                 delegated, dbuild = delegated_case(case, work)
             except Exception as exc:  # noqa: BLE001
                 delegated, dbuild, derror = None, None, kb.short_error(exc)
+            # The pairs the verdict compares sit next to each other in a round (a slow spell of
+            # the host then hits both): etbuild and XNNPACK at each count, in the order
+            # etb@1 xnn@1 xnn@2 etb@2 etb@4 ..., so that etbuild at 1 and at T are close too;
+            # the delegated runs and eager come after them.
+            for i, t in enumerate(args.threads):
+                pair = [kb.Cell(f"etbuild@{t}", kb.RunnerTimed(build, case, work, t))]
+                try:
+                    pair.append(kb.Cell(f"xnnpack@{t}", XnnpackWorker(case, t, work)))
+                except Exception as exc:  # noqa: BLE001
+                    pair.append(kb.Cell(f"xnnpack@{t}", error=kb.short_error(exc)))
+                cells += pair if i % 2 == 0 else pair[::-1]
             for t in args.threads:
-                cells.append(kb.Cell(f"etbuild@{t}", kb.RunnerTimed(build, case, work, t)))
                 if delegated is None:
                     cells.append(kb.Cell(f"etb+xnn@{t}", error=derror))
                 else:
                     timed = kb.RunnerTimed(dbuild, delegated, work, t)
                     cells.append(kb.Cell(f"etb+xnn@{t}", timed))
-                try:
-                    cells.append(kb.Cell(f"xnnpack@{t}", XnnpackWorker(case, t, work)))
-                except Exception as exc:  # noqa: BLE001
-                    cells.append(kb.Cell(f"xnnpack@{t}", error=kb.short_error(exc)))
-                cells.append(kb.Cell(f"eager@{t}", EagerAt(case, t)))
+            cells += [kb.Cell(f"eager@{t}", EagerAt(case, t)) for t in args.threads]
             for c in cells:
                 if c.timed is None:
                     continue
