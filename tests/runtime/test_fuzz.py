@@ -8,6 +8,8 @@ campaign once found, kept) is replayed first. bench/fuzz.py runs a long campaign
 
 from __future__ import annotations
 
+import base64
+import gzip
 import os
 import shutil
 import subprocess
@@ -71,6 +73,25 @@ def test_the_kept_crashes_stay_fixed(fuzzer: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-4000:]
 
 
+def campaign_report(stderr: str, artifacts: Path, found: list[str]) -> str:
+    """What a failed campaign's assertion shows, so that a CI log alone is enough to reproduce
+    and fix it: libFuzzer's seed (the same binary replays the same campaign from it), the
+    sanitizer's or libFuzzer's report (the tail of stderr is mostly the final stats and the
+    recommended dictionary, which hid it), and each input found, gzipped and base64-encoded
+    (``base64 -d | gunzip > crash`` restores the file to replay: ``fuzzer crash``)."""
+    lines = stderr.splitlines()
+    seed = next((line for line in lines if line.startswith("INFO: Seed:")), "INFO: Seed: ?")
+    markers = ("ERROR:", "runtime error:")  # sanitizers' and libFuzzer's, UBSan's
+    start = next((i for i, line in enumerate(lines) if any(m in line for m in markers)), None)
+    report = "\n".join(lines[start : start + 80]) if start is not None else stderr[-4000:]
+    parts = [seed, report[:6000]]
+    for name in found:
+        data = (artifacts / name).read_bytes()
+        packed = base64.b64encode(gzip.compress(data)).decode()
+        parts.append(f"{name} ({len(data)} bytes), gzip + base64:\n{packed[:16000]}")
+    return "\n".join(parts)
+
+
 def test_a_short_campaign_finds_nothing(fuzzer: Path, tmp_path: Path) -> None:
     sys.path.insert(0, str(FUZZ_DIR))
     from make_corpus import make_corpus
@@ -87,6 +108,6 @@ def test_a_short_campaign_finds_nothing(fuzzer: Path, tmp_path: Path) -> None:
     if found:  # keep them as regression inputs for the next runs (and a human to fix)
         for name in found:
             shutil.copy(tmp_path / name, FUZZ_DIR / "regressions" / name)
-    assert res.returncode == 0 and not found, (found, res.stderr[-4000:])
+    assert res.returncode == 0 and not found, campaign_report(res.stderr, tmp_path, found)
     runs = [line for line in res.stderr.splitlines() if "stat::number_of_executed_units" in line]
     assert runs and int(runs[-1].split(":")[-1]) > 1000, res.stderr[-2000:]
