@@ -70,15 +70,29 @@ ETB_SIMD_INLINE void load_deinterleave(const float* p, VecF* even, VecF* odd) {
   odd->v = _mm512_permutex2var_ps(a, o, b);
 }
 /// Transposes r[0 .. kWidth) as a kWidth x kWidth matrix: lane j of r[i] swaps with lane i of
-/// r[j]. (Here through memory: no kernel takes this path on AVX-512 for speed; see
-/// depthwise_lanes.cpp.)
+/// r[j]. In registers: 4 x 4 blocks transposed within each 128-bit lane (unpack, shuffle),
+/// then the 4 x 4 matrix of 128-bit lanes (shuffle_f32x4).
 ETB_SIMD_INLINE void transpose(VecF* r) {
-  alignas(64) float m[16][16];
-  for (int i = 0; i < 16; ++i) r[i].store(m[i]);
-  for (int j = 0; j < 16; ++j) {
-    alignas(64) float col[16];
-    for (int i = 0; i < 16; ++i) col[i] = m[i][j];
-    r[j] = VecF::load(col);
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // per lane: t[2i] = a0 b0 a1 b1, t[2i + 1] = a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  for (int i = 0; i < 4; ++i) {  // per lane L: u[4i + j] = column 4L + j of rows 4i .. 4i + 3
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {  // r[4L + j] = lane L of u[j], u[4 + j], u[8 + j], u[12 + j]
+    const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j].v = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    r[4 + j].v = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    r[8 + j].v = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    r[12 + j].v = _mm512_shuffle_f32x4(v1, v3, 0xDD);
   }
 }
 /// Per lane: x > m, or x is NaN (the lanes a running maximum takes, torch's rule).

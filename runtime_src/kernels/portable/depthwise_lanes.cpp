@@ -39,7 +39,10 @@ constexpr size_t kMaxScratch = size_t(160) << 10;  // beyond this, planes
 // Output planes beyond which planes are the faster way (a copy in and out per kW channels
 // against a channel's costs on planes), measured on AVX2 and SSE2 (NEON, with 4 lanes too,
 // follows SSE2): with 8 lanes, any strided convolution and stride 1 up to 400 outputs
-// (20x20); with 4 lanes, up to 100 outputs (10x10) either way.
+// (20x20); with 4 lanes, up to 100 outputs (10x10) either way. 16 lanes (AVX-512) take the
+// bounds of 8: MobileNetV2's 7x7 layers run in 0.45x their time on planes, its 14x14 ones in
+// 0.8x at one thread (bench/ab.py --profile); its 56x56 stride 2, over kMaxScratch at 16
+// lanes, stays on planes, which were faster for it with a bigger budget.
 constexpr int64_t kMaxOutputs = kW >= 8 ? 400 : 100;
 
 // Where each part lives in scratch.
@@ -128,7 +131,7 @@ void output_rows(const ConvShape& s, const Lanes& L, const Block& b, float* o) {
 }  // namespace
 
 bool depthwise_lanes_suit(const ConvShape& s) {
-  if (kW != 4 && kW != 8) return false;  // see simd::transpose (AVX-512) and the scalar set
+  if (kW < 4) return false;  // the scalar set: no lanes to fill
   if (s.OH < 1 || s.OW < 1) return false;
   const bool strided = s.sh > 1 || s.sw > 1;
   if (s.OH * s.OW > kMaxOutputs && !(strided && kW >= 8)) return false;

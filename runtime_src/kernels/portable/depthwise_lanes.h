@@ -41,8 +41,8 @@ void for_each_lane_segment(const ConvShape& s, F& f) {
 
 /// Whether shape `s` runs on channel lanes: strided convolutions and small planes, where the
 /// per-channel costs of the planes (depthwise.cpp) dominate, when their scratch stays small.
-/// Depends only on the plane, kernel, stride and dilation (not on N or C), and only on 4- and
-/// 8-lane vector sets.
+/// Depends only on the plane, kernel, stride and dilation (not on N or C); never on the scalar
+/// set.
 bool depthwise_lanes_suit(const ConvShape& s);
 
 /// Channels computed together: a split of the channels over threads best keeps whole blocks.
