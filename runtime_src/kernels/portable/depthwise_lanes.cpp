@@ -41,8 +41,8 @@ constexpr size_t kMaxScratch = size_t(160) << 10;  // beyond this, planes
 // follows SSE2): with 8 lanes, any strided convolution and stride 1 up to 400 outputs
 // (20x20); with 4 lanes, up to 100 outputs (10x10) either way. 16 lanes (AVX-512) take the
 // bounds of 8: MobileNetV2's 7x7 layers run in 0.45x their time on planes, its 14x14 ones in
-// 0.8x at one thread (bench/ab.py --profile); its 56x56 stride 2, over kMaxScratch at 16
-// lanes, stays on planes, which were faster for it with a bigger budget.
+// 0.8x at one thread (bench/ab.py --profile). Its 56x56 stride 2 needs more than kMaxScratch
+// at 16 lanes and stays on planes: given a budget big enough, lanes took 1.2x as long.
 constexpr int64_t kMaxOutputs = kW >= 8 ? 400 : 100;
 
 // Where each part lives in scratch.
