@@ -223,6 +223,9 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
     [
         # (N, C, H, W, OC, k, stride, pad, groups)
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
+        # pointwise and deep: a run of panels is more than a thread's share of the B block
+        # holds, so it goes in groups of panels, the last group of a run partial
+        (1, 520, 75, 77, 9, 1, 1, 0, 1),
         (1, 160, 7, 7, 45, 1, 1, 0, 1),  # pointwise on 7x7: slivers with the dot column split
         (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3, taps path: the threads split runs of panels
         (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and run
