@@ -238,6 +238,9 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
         # or 7 (2 threads: 8), each task packing and multiplying a tile
         (1, 3, 28, 28, 24, 3, 1, 1, 1),
         (1, 8, 40, 40, 12, 3, 5, 1, 1),  # im2col (stride 5), tiles over the threads
+        # a 7x7 stem on RGB: at 2 threads a tile (14-15 steps) is wider than a group of
+        # panels (6 of depth 147), so a tile goes in groups, its last one partial
+        (1, 3, 170, 170, 20, 7, 2, 3, 1),
         # weights too big to widen at once: column tiles one after another, each a product
         # whose B is one block (tiles of 3 or 4 panels at 2 threads)
         (1, 3, 24, 25, 290, 41, 1, 20, 1),

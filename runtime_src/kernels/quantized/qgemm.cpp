@@ -592,9 +592,10 @@ void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t*
 }
 
 void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
-                  int64_t b_sk, int64_t b_sn, int16_t* panel, QTileFn fn, void* ctx) {
+                  int64_t b_sk, int64_t b_sn, int16_t* panels, int64_t group, QTileFn fn,
+                  void* ctx) {
   if (M <= 0 || N <= 0 || K <= 0) return;
-  multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panel, 1, fn, ctx);
+  multiply_panels(0, M, K, apack, 0, N, B, b_sk, b_sn, panels, group < 1 ? 1 : group, fn, ctx);
 }
 
 size_t qgemm_block_bytes() {

@@ -62,16 +62,19 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
 
 /// For callers that multiply one A by many Bs (a convolution's column tiles, split over the
 /// threads): A widened once by qgemm_pack_a into qgemm_packed_a_bytes(M, K), then each
-/// product on the calling thread by qgemm_packed with a panel of qgemm_panel_bytes(K) of its
-/// own (K >= 1). Sums equal qgemm's. qgemm_packs_whole_a says whether A is small enough (qgemm
-/// itself packs bigger ones in chunks of rows).
+/// product on the calling thread by qgemm_packed with room for `group` panels of
+/// qgemm_panel_bytes(K) of its own (K >= 1): it packs a group of panels, then multiplies every
+/// sliver of A's rows by the whole group, so that each row's outputs are written group panels
+/// wide at a time. Sums equal qgemm's. qgemm_packs_whole_a says whether A is small enough
+/// (qgemm itself packs bigger ones in chunks of rows).
 bool qgemm_packs_whole_a(int64_t M, int64_t K);
 size_t qgemm_packed_a_bytes(int64_t M, int64_t K);
 size_t qgemm_panel_bytes(int64_t K);
 void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
                   int16_t* out);
 void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
-                  int64_t b_sk, int64_t b_sn, int16_t* panel, QTileFn fn, void* ctx);
+                  int64_t b_sk, int64_t b_sn, int16_t* panels, int64_t group, QTileFn fn,
+                  void* ctx);
 
 /// Implicit GEMM for a convolution: B is not packed but read in place from the input's "taps
 /// layout", in which one 32-bit word holds qgemm_step_channels() channels of one pixel (as
