@@ -506,6 +506,50 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
   return s;
 }
 
+// out[r] = sum_k a[r][k] * b[k] for 4 rows of A (a linear layer at batch 1: a matrix-vector
+// product, bound by reading A). Each load of b serves the 4 rows. With VNNI, b goes unsigned
+// (b + 128, as the packed path's B) and each row's sum of its own bytes, taken alongside by a
+// second vpdpbusd against ones, gives back the correction 128 * sum_k a[r][k]: exact modulo
+// 2^32, as everywhere here. The tail is masked: a zero byte of a adds nothing to either sum.
+inline void dot4(const int8_t* const* a, const int8_t* b, int64_t K, int32_t* out) {
+#if defined(ETB_QGEMM_U8S8)
+  const __m512i flip = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(1);
+  __m512i acc[4], sum[4];
+  for (int r = 0; r < 4; ++r) acc[r] = sum[r] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; k += 64) {
+    const __mmask64 m = K - k >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k)) - 1;
+    const __m512i bu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, b + k), flip);
+    for (int r = 0; r < 4; ++r) {
+      const __m512i ar = _mm512_maskz_loadu_epi8(m, a[r] + k);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], bu, ar);
+      sum[r] = _mm512_dpbusd_epi32(sum[r], ones, ar);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    out[r] = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc[r], _mm512_slli_epi32(sum[r], 7)));
+#elif defined(__AVX2__)
+  __m256i acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256i vb =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k)));
+    for (int r = 0; r < 4; ++r) {
+      const __m256i va =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r] + k)));
+      acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(va, vb));
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    int32_t s = hsum(acc[r]);
+    for (int64_t j = k; j < K; ++j) s += int32_t(a[r][j]) * int32_t(b[j]);
+    out[r] = s;
+  }
+#else
+  for (int r = 0; r < 4; ++r) out[r] = dot(a[r], b, K);
+#endif
+}
+
 // sum_k a[k] * b[k] over int16 values (a row of packed A, widened, and a column of B).
 inline int32_t dot_widened(const int16_t* __restrict a, const int16_t* __restrict b, int64_t K) {
   int64_t k = 0;
@@ -761,9 +805,17 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
     auto rows = [&](int64_t t, int) {
       alignas(64) int32_t tile[kMR * kNR];
       const int64_t m0 = t * kMR, mr = min64(kMR, M - m0);
-      for (int64_t i = 0; i < mr; ++i)
-        for (int64_t n = 0; n < N; ++n)
-          tile[i * kNR + n] = dot(A + (m0 + i) * lda, B + n * b_sn, K);
+      for (int64_t n = 0; n < N; ++n) {
+        int64_t i = 0;
+        for (; i + 4 <= mr; i += 4) {
+          const int8_t* a[4] = {A + (m0 + i) * lda, A + (m0 + i + 1) * lda, A + (m0 + i + 2) * lda,
+                                A + (m0 + i + 3) * lda};
+          int32_t out[4];
+          dot4(a, B + n * b_sn, K, out);
+          for (int r = 0; r < 4; ++r) tile[(i + r) * kNR + n] = out[r];
+        }
+        for (; i < mr; ++i) tile[i * kNR + n] = dot(A + (m0 + i) * lda, B + n * b_sn, K);
+      }
       fn(ctx, m0, 0, mr, N, tile, kNR);
     };
     kctx.parallel_for(row_tiles, rows);
