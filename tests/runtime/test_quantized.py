@@ -177,7 +177,7 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # many pixels: several packed column blocks
         (1, 3, 33, 35, 32, 3, 2, 1, 1),  # MobileNet's first conv
         (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
-        (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise, 529 taps: channel lanes (AVX2) or generic
+        (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise, 529 taps: channel lanes (x86) or generic
         (1, 8, 1, 1, 8, 1, 1, 0, 1),  # 1x1 spatial
         (1, 96, 7, 7, 40, 1, 1, 0, 1),  # a 7x7 plane: its 49th column by dot products
         # K = 3 * 41 * 41 = 5043 (odd): weights packed in 3 chunks of rows, 4 column blocks
@@ -352,17 +352,20 @@ def test_conv2d_depthwise_direct_paths(rt, pipeline_program, shape):
         (1, 13, 7, 7, 1, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # a last block of 5 channels
         (2, 5, 6, 9, 2, (3, 3), (2, 2), (1, 1), (1, 1), 1),  # multiplier 2; the tensor's end
         (1, 8, 3, 2, 1, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # a plane of 6 outputs (< 8)
+        # 12 outputs (< 16), two whole blocks of 16 and one of 5
+        (1, 37, 4, 3, 1, (3, 3), (1, 1), (1, 1), (1, 1), 1),
         (1, 16, 9, 9, 1, (7, 7), (1, 1), (3, 3), (1, 1), 1),  # a 7x7 kernel
         (1, 9, 16, 17, 1, (3, 3), (3, 2), (1, 0), (2, 1), 1),  # stride 3, dilation 2
         (1, 11, 14, 14, 1, (1, 2), (1, 1), (0, 1), (1, 1), 1),  # a 1x2 kernel
         (3, 20, 14, 14, 1, (3, 3), (2, 2), (1, 1), (1, 1), 3),  # blocks over 3 threads
+        (3, 40, 8, 8, 1, (3, 3), (1, 1), (1, 1), (1, 1), 3),  # the same, an 8x8 plane (AVX-512)
         (1, 24, 28, 28, 1, (3, 3), (2, 2), (1, 1), (1, 1), 2),
     ],
 )
 def test_conv2d_depthwise_on_channel_lanes(rt, pipeline_program, shape):
-    """Small planes, strided and general shapes, which AVX2 builds run 8 channels to a vector:
-    partial blocks, planes smaller than a vector, kernels, strides and dilations the planes
-    path does not take, threads splitting the blocks."""
+    """Small planes, strided and general shapes, which AVX2 and AVX-512 builds run 8 or 16
+    channels to a vector: partial blocks, planes smaller than a vector, kernels, strides and
+    dilations the planes path does not take, threads splitting the blocks."""
     n, c, h, w, mult, k, stride, padding, dilation, threads = shape
     gen = torch.Generator().manual_seed(c * h + w)
     rng = random.Random(c * h + w)
@@ -393,7 +396,7 @@ def test_conv2d_depthwise_extreme_values(rt, pipeline_program):
      ([1, 1], [1, 1], [1, 1], 7), ([1, 1], [3, 0], [1, 1], 3)],
 )  # fmt: skip
 def test_conv2d_depthwise_other_shapes(rt, pipeline_program, stride, padding, dilation, k):
-    """Shapes the planes path does not take: on channel lanes (AVX2) or the general path."""
+    """Shapes the planes path does not take: on channel lanes (x86) or the general path."""
     gen = torch.Generator().manual_seed(k + sum(stride) + sum(padding))
     rng = random.Random(3)
     c = 10

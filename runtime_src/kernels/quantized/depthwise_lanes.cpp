@@ -1,20 +1,21 @@
-// int8 depthwise convolution on channel lanes: 8 channels at a time, lane l of every vector
-// holding channel l of the block, as the fp32 kernel of portable/depthwise_lanes.cpp does and
+// int8 depthwise convolution on channel lanes: kL channels at a time (8 with AVX2, 16 with
+// AVX-512), lane l of every vector holding channel l of the block, as the fp32 kernel of
+// portable/depthwise_lanes.cpp does and
 // for the same reason: on planes (depthwise.cpp) each channel pays for its padded copy, its
 // taps' setup, its flat plane's spare columns and the copy out, which on a 7x7 or 14x14
-// plane cost more than its sums. Here those costs are paid once per 8 channels, and a stride
+// plane cost more than its sums. Here those costs are paid once per kL channels, and a stride
 // or a dilation only changes which pixel a tap reads.
 //
-// For each block of 8 output channels:
+// For each block of kL output channels:
 // - the input rows are copied into one zero-padded plane of pixels t [Hp x Wp], a pixel being
-//   8 int32 lanes x - zp: each row is read as 8 rows of 8 bytes (one per channel), widened
-//   and transposed into 8 pixels;
-// - an output pixel is the sum over taps of the tap's weights (a vector of 8 channels'
+//   kL int32 lanes x - zp: each row is read as kL rows of kL bytes (one per channel), widened
+//   and transposed into kL pixels;
+// - an output pixel is the sum over taps of the tap's weights (a vector of kL channels'
 //   weights) times the pixel under the tap, then requantized per lane. A lane holds
 //   |x - zp| <= 255, whose low int16 is the value itself, and a weight lane holds the weight
 //   in its low int16 and zero above, so one vpmaddwd gives the exact int32 product;
-// - the requantized pixels o [OH * OW] are transposed back, 8 at a time, and each channel's 8
-//   values packed to bytes (the last group ending at the plane's end, overlapping the one
+// - the requantized pixels o [OH * OW] are transposed back, kL at a time, and each channel's
+//   kL values packed to bytes (the last group ending at the plane's end, overlapping the one
 //   before).
 // The sums are exact and the requantization is planes' float32 sequence (float(acc) * mu + b,
 // then quantize8), so both ways give the same bits.
@@ -29,15 +30,112 @@
 namespace etb {
 namespace quantized {
 
-#if defined(ETB_SIMD_AVX2)
+#if defined(ETB_SIMD_AVX2) || (defined(ETB_SIMD_AVX512) && defined(__AVX512BW__))
 namespace {
 
-constexpr int kL = 8;                              // lanes: channels per block
+// The vector of kL int32 lanes and the few operations on it that the kernel needs.
+#if defined(ETB_SIMD_AVX512)
+constexpr int kL = 16;
+using VecI = __m512i;
+using VecPs = __m512;
+using OutQuantL = OutQuant16;
+inline VecI load_lanes(const int32_t* p) {
+  return _mm512_load_si512(p);
+}
+inline void store_lanes(int32_t* p, VecI v) {
+  _mm512_store_si512(p, v);
+}
+inline VecI zero_lanes() {
+  return _mm512_setzero_si512();
+}
+inline VecI set_lanes(int32_t v) {
+  return _mm512_set1_epi32(v);
+}
+inline VecI add_lanes(VecI a, VecI b) {
+  return _mm512_add_epi32(a, b);
+}
+inline VecI madd_lanes(VecI a, VecI b) {
+  return _mm512_madd_epi16(a, b);
+}
+inline VecPs load_floats(const float* p) {
+  return _mm512_load_ps(p);
+}
+// float(acc) * mu + b, requantized: the planes' float32 sequence, lane by lane.
+inline VecI requantize_lanes(VecI acc, VecPs mu, VecPs b, const OutQuantL& q) {
+  return quantize16(_mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), mu), b), q);
+}
+// n <= kL bytes at p, sign-extended, minus zp (lanes past n: -zp, never used).
+inline VecI widen_bytes(const int8_t* p, size_t n, VecI zp) {
+  __m128i v = _mm_setzero_si128();
+  std::memcpy(&v, p, n);
+  return _mm512_sub_epi32(_mm512_cvtepi8_epi32(v), zp);
+}
+// kL lanes within [-128, 127] as kL bytes.
+inline void store_bytes(VecI lanes, int8_t* out) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(lanes));
+}
+inline VecPs as_floats(VecI v) {
+  return _mm512_castsi512_ps(v);
+}
+inline VecI as_ints(VecPs v) {
+  return _mm512_castps_si512(v);
+}
+#else
+constexpr int kL = 8;
+using VecI = __m256i;
+using VecPs = __m256;
+using OutQuantL = OutQuant8;
+inline VecI load_lanes(const int32_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline void store_lanes(int32_t* p, VecI v) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
+}
+inline VecI zero_lanes() {
+  return _mm256_setzero_si256();
+}
+inline VecI set_lanes(int32_t v) {
+  return _mm256_set1_epi32(v);
+}
+inline VecI add_lanes(VecI a, VecI b) {
+  return _mm256_add_epi32(a, b);
+}
+inline VecI madd_lanes(VecI a, VecI b) {
+  return _mm256_madd_epi16(a, b);
+}
+inline VecPs load_floats(const float* p) {
+  return _mm256_load_ps(p);
+}
+inline VecI requantize_lanes(VecI acc, VecPs mu, VecPs b, const OutQuantL& q) {
+  return quantize8(_mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), mu), b), q);
+}
+inline VecI widen_bytes(const int8_t* p, size_t n, VecI zp) {
+  int64_t bytes = 0;
+  std::memcpy(&bytes, p, n);
+  return _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)), zp);
+}
+inline void store_bytes(VecI lanes, int8_t* out) {
+  store_int8x8(lanes, out);
+}
+inline VecPs as_floats(VecI v) {
+  return _mm256_castsi256_ps(v);
+}
+inline VecI as_ints(VecPs v) {
+  return _mm256_castps_si256(v);
+}
+#endif
+static_assert(kL == simd::VecF::kWidth, "a block's lanes are one float vector wide");
+
 constexpr size_t kMaxScratch = size_t(160) << 10;  // a thread's scratch, beyond which planes
-// Among the shapes the planes take, those of input planes up to this many pixels (16x16):
-// measured on AVX2 against planes, MobileNetV2's 7x7 layers took 0.63 of the time, 14x14
-// 0.74-0.87 (stride 2 and 1); 28x28 with stride 2 1.07-1.17 and 56x56 with stride 2 1.3-1.5.
+// Among the shapes the planes take, those of input planes up to this many pixels. Measured
+// against planes on MobileNetV2's layers: with AVX2 (16x16), its 7x7 layers took 0.63 of the
+// time, 14x14 0.74-0.87 (stride 2 and 1), 28x28 with stride 2 1.07-1.17 and 56x56 with stride
+// 2 1.3-1.5; with AVX-512 (8x8), whose planes are faster, 7x7 0.88 and 14x14 1.13-1.16.
+#if defined(ETB_SIMD_AVX512)
+constexpr int64_t kMaxInputs = 64;
+#else
 constexpr int64_t kMaxInputs = 256;
+#endif
 
 struct Lanes {
   int64_t Hp, Wp;
@@ -57,19 +155,12 @@ Lanes lanes_of(const ConvShape& s) {
   return L;
 }
 
-inline __m256i load8(const int32_t* p) {
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-}
-inline void store8(int32_t* p, __m256i v) {
-  _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
-}
-
-// simd::transpose on 8 x 8 int32 (the shuffles move bits, whatever the lanes hold).
-inline void transpose8(__m256i* r) {
+// simd::transpose on kL x kL int32 (the shuffles move bits, whatever the lanes hold).
+inline void transpose_lanes(VecI* r) {
   simd::VecF f[kL];
-  for (int l = 0; l < kL; ++l) f[l].v = _mm256_castsi256_ps(r[l]);
+  for (int l = 0; l < kL; ++l) f[l].v = as_floats(r[l]);
   simd::transpose(f);
-  for (int l = 0; l < kL; ++l) r[l] = _mm256_castps_si256(f[l].v);
+  for (int l = 0; l < kL; ++l) r[l] = as_ints(f[l].v);
 }
 
 // What the output pixels of one block are computed from.
@@ -78,26 +169,23 @@ struct Block {
   const int64_t* off;  // KK tap offsets into t, in int32
   const int32_t* w;    // KK weight vectors
   int64_t KK;
-  __m256 mu, b;  // per lane: float32(x_scale) * w_scale, the bias
-  OutQuant8 q;
+  VecPs mu, b;  // per lane: float32(x_scale) * w_scale, the bias
+  OutQuantL q;
 };
 
 // NP output pixels, `step` int32 apart in t from p (S > 0: step = S kL, a constant), into o.
 template <int NP, int S>
 inline void pixels(const Block& b, const int32_t* p, int64_t step, int32_t* o) {
   const int64_t st = S > 0 ? int64_t(S) * kL : step;
-  __m256i acc[NP];
-  for (int j = 0; j < NP; ++j) acc[j] = _mm256_setzero_si256();
+  VecI acc[NP];
+  for (int j = 0; j < NP; ++j) acc[j] = zero_lanes();
   for (int64_t k = 0; k < b.KK; ++k) {
     const int32_t* at = p + b.off[k];
-    const __m256i wv = load8(b.w + k * kL);
+    const VecI wv = load_lanes(b.w + k * kL);
     for (int j = 0; j < NP; ++j)
-      acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(load8(at + j * st), wv));
+      acc[j] = add_lanes(acc[j], madd_lanes(load_lanes(at + j * st), wv));
   }
-  for (int j = 0; j < NP; ++j) {
-    const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[j]), b.mu), b.b);
-    store8(o + j * kL, quantize8(y, b.q));
-  }
+  for (int j = 0; j < NP; ++j) store_lanes(o + j * kL, requantize_lanes(acc[j], b.mu, b.b, b.q));
 }
 
 // Every output pixel into o [OH * OW] (segments: for_each_lane_segment).
@@ -112,27 +200,20 @@ void output_rows(const ConvShape& s, const Lanes& L, const Block& b, int32_t* o)
 }
 
 // dst[j kL + l] = src[l][at + j] - zp for j < n, as int32: n columns of the kL byte rows
-// src[l] + at, 8 at a time through a transpose (the last group ending at column n, overlapping
-// the one before). A group reads 8 bytes of each row, past column n where the rows go on;
-// where the last row's would pass `end`, each row is copied out as far as column n first.
+// src[l] + at, kL at a time through a transpose (the last group ending at column n,
+// overlapping the one before). A group reads kL bytes of each row, past column n where the
+// rows go on; where the last row's would pass `end`, each row is read as far as column n.
 // The src[l] do not decrease with l.
-void widen_columns(const int8_t* const* src, int64_t at, int64_t n, const int8_t* end, __m256i zp,
+void widen_columns(const int8_t* const* src, int64_t at, int64_t n, const int8_t* end, VecI zp,
                    int32_t* dst) {
   for (int64_t x0 = 0;; x0 += kL) {
     if (n >= kL && x0 > n - kL) x0 = n - kL;
     const int m = n - x0 < kL ? int(n - x0) : kL;
-    const bool whole = src[kL - 1] + at + x0 + kL <= end;
-    __m256i r[kL];
-    for (int l = 0; l < kL; ++l) {
-      int64_t bytes = 0;
-      if (whole)
-        std::memcpy(&bytes, src[l] + at + x0, kL);
-      else
-        std::memcpy(&bytes, src[l] + at + x0, size_t(m));
-      r[l] = _mm256_sub_epi32(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)), zp);
-    }
-    transpose8(r);
-    for (int j = 0; j < m; ++j) store8(dst + (x0 + j) * kL, r[j]);
+    const size_t bytes = src[kL - 1] + at + x0 + kL <= end ? size_t(kL) : size_t(m);
+    VecI r[kL];
+    for (int l = 0; l < kL; ++l) r[l] = widen_bytes(src[l] + at + x0, bytes, zp);
+    transpose_lanes(r);
+    for (int j = 0; j < m; ++j) store_lanes(dst + (x0 + j) * kL, r[j]);
     if (x0 + m >= n) return;
   }
 }
@@ -164,7 +245,7 @@ void depthwise_lanes(const KernelContext& ctx, const ConvShape& s, const int8_t*
   const int64_t KK = s.KH * s.KW, HW = s.H * s.W, P = s.OH * s.OW, mult_ch = s.OC / s.C;
   const int64_t blocks = ceil_div(s.OC, int64_t(kL));
   const int8_t* x_end = x + s.N * s.C * HW;
-  const __m256i zp = _mm256_set1_epi32(xzp);
+  const VecI zp = set_lanes(xzp);
   auto block = [&](int64_t task, int thread) {
     char* mem = static_cast<char*>(temp) + size_t(thread) * per_thread;
     int32_t* t = reinterpret_cast<int32_t*>(mem);
@@ -178,7 +259,7 @@ void depthwise_lanes(const KernelContext& ctx, const ConvShape& s, const int8_t*
     const int cb = int(s.OC - oc0 < kL ? s.OC - oc0 : kL);  // the block's channels
     const int8_t* src[kL];
     int8_t* dst[kL];
-    alignas(32) float mu[kL], b[kL];
+    alignas(64) float mu[kL], b[kL];
     for (int l = 0; l < kL; ++l) {  // spare lanes repeat the last channel
       const int64_t oc = oc0 + (l < cb ? l : cb - 1);
       src[l] = x + (n * s.C + oc / mult_ch) * HW;
@@ -189,23 +270,23 @@ void depthwise_lanes(const KernelContext& ctx, const ConvShape& s, const int8_t*
     }
     for (int64_t h = 0; h < s.H; ++h)
       widen_columns(src, h * s.W, s.W, x_end, zp, t + ((h + s.ph) * L.Wp + s.pw) * kL);
-    const Block blk{t, off, wv, KK, _mm256_load_ps(mu), _mm256_load_ps(b), OutQuant8(q)};
+    const Block blk{t, off, wv, KK, load_floats(mu), load_floats(b), OutQuantL(q)};
     if (s.sw == 1)
       output_rows<1>(s, L, blk, o);
     else if (s.sw == 2)
       output_rows<2>(s, L, blk, o);
     else
       output_rows<0>(s, L, blk, o);
-    // o [P pixels x kL] -> the block's output planes, 8 pixels at a time.
+    // o [P pixels x kL] -> the block's output planes, kL pixels at a time.
     for (int64_t p = 0;; p += kL) {
       if (P >= kL && p > P - kL) p = P - kL;
       const int m = P - p < kL ? int(P - p) : kL;
-      __m256i r[kL];
-      for (int l = 0; l < kL; ++l) r[l] = load8(o + (p + l) * kL);
-      transpose8(r);
+      VecI r[kL];
+      for (int l = 0; l < kL; ++l) r[l] = load_lanes(o + (p + l) * kL);
+      transpose_lanes(r);
       for (int l = 0; l < cb; ++l) {
-        alignas(8) int8_t bytes[kL];
-        store_int8x8(r[l], m == kL ? dst[l] + p : bytes);
+        alignas(16) int8_t bytes[kL];
+        store_bytes(r[l], m == kL ? dst[l] + p : bytes);
         if (m < kL) std::memcpy(dst[l] + p, bytes, size_t(m));
       }
       if (p + m >= P) break;
