@@ -1,10 +1,9 @@
 // int8 depthwise convolution on channel lanes: kL channels at a time (8 with AVX2, 16 with
 // AVX-512), lane l of every vector holding channel l of the block, as the fp32 kernel of
-// portable/depthwise_lanes.cpp does and
-// for the same reason: on planes (depthwise.cpp) each channel pays for its padded copy, its
-// taps' setup, its flat plane's spare columns and the copy out, which on a 7x7 or 14x14
-// plane cost more than its sums. Here those costs are paid once per kL channels, and a stride
-// or a dilation only changes which pixel a tap reads.
+// portable/depthwise_lanes.cpp does and for the same reason: on planes (depthwise.cpp) each
+// channel pays for its padded copy, its taps' setup, its flat plane's spare columns and the
+// copy out, which on a 7x7 or 14x14 plane cost more than its sums. Here those costs are paid
+// once per kL channels, and a stride or a dilation only changes which pixel a tap reads.
 //
 // For each block of kL output channels:
 // - the input rows are copied into one zero-padded plane of pixels t [Hp x Wp], a pixel being
@@ -209,9 +208,11 @@ void widen_columns(const int8_t* const* src, int64_t at, int64_t n, const int8_t
   for (int64_t x0 = 0;; x0 += kL) {
     if (n >= kL && x0 > n - kL) x0 = n - kL;
     const int m = n - x0 < kL ? int(n - x0) : kL;
-    const size_t bytes = src[kL - 1] + at + x0 + kL <= end ? size_t(kL) : size_t(m);
+    const bool whole = src[kL - 1] + at + x0 + kL <= end;
     VecI r[kL];
-    for (int l = 0; l < kL; ++l) r[l] = widen_bytes(src[l] + at + x0, bytes, zp);
+    for (int l = 0; l < kL; ++l)  // (a constant size where whole: one load)
+      r[l] = whole ? widen_bytes(src[l] + at + x0, kL, zp)
+                   : widen_bytes(src[l] + at + x0, size_t(m), zp);
     transpose_lanes(r);
     for (int j = 0; j < m; ++j) store_lanes(dst + (x0 + j) * kL, r[j]);
     if (x0 + m >= n) return;

@@ -1,6 +1,6 @@
 // int8 depthwise convolution on channel lanes (NCHW): a vector's lanes are 8 (AVX2) or 16
-// (AVX-512) channels of one pixel, not pixels of one channel (see depthwise_lanes.cpp). conv.cpp takes this way where
-// it is the faster one.
+// (AVX-512) channels of one pixel, not pixels of one channel (see depthwise_lanes.cpp).
+// conv.cpp takes this way where it is the faster one.
 #pragma once
 
 #include <cstddef>
