@@ -126,15 +126,18 @@ inline VecI as_ints(VecPs v) {
 static_assert(kL == simd::VecF::kWidth, "a block's lanes are one float vector wide");
 
 constexpr size_t kMaxScratch = size_t(160) << 10;  // a thread's scratch, beyond which planes
-// Among the shapes the planes take, those of input planes up to this many pixels. Measured
-// against planes on MobileNetV2's layers: with AVX2 (16x16), its 7x7 layers took 0.63 of the
-// time, 14x14 0.74-0.87 (stride 2 and 1), 28x28 with stride 2 1.07-1.17 and 56x56 with stride
-// 2 1.3-1.5; with AVX-512 (8x8), whose planes are faster, 7x7 0.88 and 14x14 1.13-1.16.
+// Whether lanes beat planes on a shape the planes take, as measured against planes on
+// MobileNetV2's layers. AVX2: input planes up to 16x16 (its 7x7 layers took 0.63 of the time,
+// 14x14 0.74-0.87 at stride 2 and 1; 28x28 with stride 2 1.07-1.17, 56x56 with stride 2
+// 1.3-1.5). AVX-512, whose planes are faster: output planes up to 8x8 (its 7x7 layers 0.87-0.88,
+// the 14x14 to 7x7 stride-2 layer 0.69 at 1 thread and 0.85 at 2; 14x14 stride 1 1.13-1.16).
+inline bool lanes_beat_planes(const ConvShape& s) {
 #if defined(ETB_SIMD_AVX512)
-constexpr int64_t kMaxInputs = 64;
+  return s.OH * s.OW <= 64;
 #else
-constexpr int64_t kMaxInputs = 256;
+  return s.H * s.W <= 256;
 #endif
+}
 
 struct Lanes {
   int64_t Hp, Wp;
@@ -223,7 +226,7 @@ void widen_columns(const int8_t* const* src, int64_t at, int64_t n, const int8_t
 
 bool depthwise_lanes_suit(const ConvShape& s) {
   if (s.OH < 1 || s.OW < 1 || s.groups != s.C) return false;
-  if (depthwise_direct_supported(s) && s.H * s.W > kMaxInputs) return false;
+  if (depthwise_direct_supported(s) && !lanes_beat_planes(s)) return false;
   // The sizes in bytes, checked before they are multiplied out.
   const int64_t limit = int64_t(kMaxScratch / (kL * sizeof(int32_t)));
   if (s.H + 2 * s.ph > limit || s.W + 2 * s.pw > limit || s.KH * s.KW > limit ||
