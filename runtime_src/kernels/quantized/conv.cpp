@@ -83,7 +83,9 @@ struct ConvEpilogue {
 
 void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
                int64_t ld) {
-  const ConvEpilogue& e = *static_cast<const ConvEpilogue*>(ctx);
+  // A copy of the epilogue: the int8 stores may alias anything the context points to, so with
+  // the context itself the compiler reloads and rebroadcasts its fields for every row.
+  const ConvEpilogue e = *static_cast<const ConvEpilogue*>(ctx);
   for (int64_t i = 0; i < mr; ++i) {
     const int64_t m = m0 + i;
     requantize_row(acc + i * ld, nr, e.xzp * e.wsum[m], e.mult[m], e.bias[m], e.q,
@@ -243,7 +245,7 @@ struct TapsEpilogue {
 
 void taps_tile(void* ctx, int64_t m0, int64_t q0, int64_t mr, int64_t nr, const int32_t* acc,
                int64_t ld) {
-  const TapsEpilogue& t = *static_cast<const TapsEpilogue*>(ctx);
+  const TapsEpilogue t = *static_cast<const TapsEpilogue*>(ctx);  // a copy: see conv_tile
   const ConvEpilogue& e = t.e;
   constexpr int64_t kMaxPanel = 64;
   int8_t row[kMaxPanel];

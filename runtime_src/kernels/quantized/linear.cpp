@@ -26,9 +26,11 @@ struct LinearEpilogue {
   bool has_bias;  // dynamic_linear adds the bias only when there is one, as the reference
 };
 
+// The epilogue is copied: the output stores may alias anything the context points to, so with
+// the context itself the compiler reloads its fields for every element.
 void linear_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
                  int64_t ld) {
-  const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(ctx);
+  const LinearEpilogue e = *static_cast<const LinearEpilogue*>(ctx);
   const OutQuant q = e.q;
   for (int64_t i = 0; i < mr; ++i) {
     const int64_t m = m0 + i;
@@ -43,7 +45,7 @@ void linear_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, cons
 
 void dynamic_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
                   int64_t ld) {
-  const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(ctx);
+  const LinearEpilogue e = *static_cast<const LinearEpilogue*>(ctx);  // see linear_tile
   for (int64_t i = 0; i < mr; ++i) {
     const int64_t m = m0 + i;
     const int32_t corr = e.xzp * e.wsum[m];
