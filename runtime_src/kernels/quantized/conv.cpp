@@ -149,7 +149,8 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
   const int64_t P = s.OH * s.OW, tiles = ct.count, pc = ct.widest();
   const int64_t group = panel_group(K);
-  const size_t per_thread = (size_t(K * pc) + 63) / 64 * 64 + size_t(group) * qgemm_panel_bytes(K);
+  const size_t col_bytes = (size_t(K * pc) + 63) / 64 * 64;  // then the group's panels
+  const size_t per_thread = col_bytes + size_t(group) * qgemm_panel_bytes(K);
   const int threads = ctx.num_threads();
   const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_a_bytes(oc_g, K);
   Result<void*> mem =
@@ -179,8 +180,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
                    y + (n * s.OC + g * oc_g) * P + p0,
                    P};
     qgemm_packed(oc_g, cols, K, packed_a(g), col, cols, 1,
-                 reinterpret_cast<int16_t*>(col + (size_t(K * pc) + 63) / 64 * 64), group,
-                 conv_tile, &e);
+                 reinterpret_cast<int16_t*>(col + col_bytes), group, conv_tile, &e);
   };
   ctx.parallel_for(s.N * s.groups * tiles, tile);
   return Error::Ok;

@@ -31,14 +31,13 @@ struct LinearEpilogue {
 void linear_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
                  int64_t ld) {
   const LinearEpilogue e = *static_cast<const LinearEpilogue*>(ctx);
-  const OutQuant q = e.q;
   for (int64_t i = 0; i < mr; ++i) {
     const int64_t m = m0 + i;
     const int32_t corr = e.xzp * e.wsum[m];
     const float mu = e.mult[m], b = e.bias[m];
     for (int64_t j = 0; j < nr; ++j) {
       const float y = float(acc[i * ld + j] - corr) * mu;
-      e.out_q[(n0 + j) * e.ldo + m] = quantize_one(y + b, q);
+      e.out_q[(n0 + j) * e.ldo + m] = quantize_one(y + b, e.q);
     }
   }
 }

@@ -598,14 +598,15 @@ void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack,
   const int16_t* ar[kMR];
   for (int64_t g0 = n_begin; g0 < n_end; g0 += group * kNR) {
     const int64_t g_end = min64(n_end, g0 + group * kNR);
+    auto panel_of = [&](int64_t n0) { return panels + (n0 - g0) / kNR * S * kNR * 2; };
     for (int64_t n0 = g0; n0 < g_end; n0 += kNR)
-      pack_b(K, n0, min64(kNR, g_end - n0), B, b_sk, b_sn, panels + (n0 - g0) / kNR * S * kNR * 2);
+      pack_b(K, n0, min64(kNR, g_end - n0), B, b_sk, b_sn, panel_of(n0));
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = min64(kMR, M - m0);
       sliver_rows(apack, m0 / kMR, mr, K, ar);
       for (int64_t n0 = g0; n0 < g_end; n0 += kNR) {
         const int64_t nr = min64(kNR, g_end - n0);
-        multiply_tile(S, ar, PanelSteps{panels + (n0 - g0) / kNR * S * kNR * 2}, nr, tile);
+        multiply_tile(S, ar, PanelSteps{panel_of(n0)}, nr, tile);
         fn(ctx, m_base + m0, n0, mr, nr, tile, kNR);
       }
     }
