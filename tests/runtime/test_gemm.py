@@ -196,6 +196,9 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
         (40, 9, 14, 14),
         (64, 40, 5, 5),  # 25 columns: a whole tile, a narrower one (AVX2) and a dot column
         (256, 30, 15, 17),  # 255 columns of depth 256: two column blocks, each its panels
+        # 784 columns in two blocks, the second ending in a whole tile and a tail that merge
+        # (AVX-512): with threads, runs of columns keep the two together
+        (96, 16, 28, 28),
     ],
 )
 def test_pointwise_convolution_on_small_planes(rt, pipeline_program, cin, cout, h, w):

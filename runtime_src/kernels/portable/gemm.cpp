@@ -318,17 +318,26 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
       ctx.parallel_for((vec_cols + kNR - 1) / kNR, pack);
     }
   };
+  // The tiles of column block cb that runs of columns split: the last whole tile and the tail
+  // count as one where they merge (a run boundary between them would cost the merge).
+  const bool tail_merges = kMergedNV > NV && tail_nv > 0 && NV + tail_nv <= kMergedNV;
+  auto split_tiles = [&](int64_t cb) {
+    const int64_t n0 = cb * nc_block, nc = min64(nc_block, N - n0);
+    const bool merged_pair = tail_merges && n0 + nc == N && nfull_all - kNR >= n0;
+    return (nc + kNR - 1) / kNR - (merged_pair ? 1 : 0);
+  };
   // Enough tasks for every thread to get several.
   const int64_t want = kTasksPerThread * int64_t(ctx.num_threads());
   const int64_t units = row_tiles * (one_loop ? col_blocks : 1);
-  const int64_t block_tiles = (min64(nc_block, N) + kNR - 1) / kNR;
-  const int64_t col_runs =
-      units >= want || ctx.num_threads() == 1 ? 1 : min64(block_tiles, (want + units - 1) / units);
+  const int64_t col_runs = units >= want || ctx.num_threads() == 1
+                               ? 1
+                               : min64(split_tiles(0), (want + units - 1) / units);
   // Tiles [j_begin, j_end) of run `run` in column block `cb`, row tile `rt`, depth block `k0`.
   auto run_tiles = [&](int64_t cb, int64_t rt, int64_t run, int64_t k0) {
     const int64_t n0 = cb * nc_block, nc = min64(nc_block, N - n0);
-    const int64_t col_tiles = (nc + kNR - 1) / kNR;
-    const int64_t j_begin = col_tiles * run / col_runs, j_end = col_tiles * (run + 1) / col_runs;
+    const int64_t col_tiles = (nc + kNR - 1) / kNR, split = split_tiles(cb);
+    const int64_t j_begin = split * run / col_runs;
+    const int64_t j_end = run + 1 == col_runs ? col_tiles : split * (run + 1) / col_runs;
     const int64_t kc = min64(kc_block, K - k0);
     const int64_t m0 = rt * MR;
     const int mr = int(min64(MR, M - m0));
