@@ -477,15 +477,15 @@ size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s) {
 }
 
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                        OutputClamp clamp, float* out, void* scratch) {
-  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
+                        OutputClamp clamp, float* out, void* scratch, bool padded) {
+  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch, padded);
   Layout L = layout_of(s);
   if (!L.planar) return plain(s, in, w, bias, clamp, out);
   char* mem = static_cast<char*>(scratch);
   float* planes = reinterpret_cast<float*>(mem);
   float* flat = reinterpret_cast<float*>(mem + L.plane_bytes);
   int64_t* taps = reinterpret_cast<int64_t*>(mem + L.plane_bytes + L.flat_bytes);
-  std::memset(planes, 0, L.plane_bytes);  // the padding and the slack stay zero
+  if (!padded) std::memset(planes, 0, L.plane_bytes);  // the padding and the slack stay zero
   if (!L.fixed) tap_offsets(s, L, taps);
   L.taps = taps;
   const ChannelFn fn = channel_fn(s);
