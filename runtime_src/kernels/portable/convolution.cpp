@@ -116,7 +116,13 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
                 const float* bias, const GemmEpilogue& ep, float* y) {
   const TapsLayout L(s);
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
-  const int64_t Q = L.columns(s), P = s.OH * s.OW, plane = L.phases() * L.plane_size();
+  const int64_t P = s.OH * s.OW, plane = L.phases() * L.plane_size();
+  // The product's columns: the Q = L.columns(s) that hold outputs, rounded up to whole vectors
+  // on every ISA (4, 8 or 16 floats), so that no column goes as a dot product (those columns
+  // of B are gathered, transposed, by every task whose run ends the product). The columns past
+  // Q read up to 15 floats past the layout (kTapsSlack) and are never copied out.
+  constexpr int64_t kTapsSlack = 16;
+  const int64_t Q = (L.columns(s) + kTapsSlack - 1) / kTapsSlack * kTapsSlack;
   // Tasks: (group, run of columns, chunk of output channels), each one GEMM of its own on one
   // thread (one parallel loop, not one per block of the GEMM's); runs start at multiples of 32
   // columns, whole tiles on every ISA, so every column is summed the same way at any thread
@@ -126,7 +132,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const int64_t steps = (Q + 31) / 32, units = (oc_g + 23) / 24;
   const TapsSplit split(threads, s.groups, steps, units, oc_g * K >= cin_g * plane);
   const int64_t runs = split.runs, chunks = split.chunks;
-  const size_t taps_bytes = (size_t(s.C * plane) * sizeof(float) + 63) / 64 * 64;
+  const size_t taps_bytes = (size_t(s.C * plane + kTapsSlack) * sizeof(float) + 63) / 64 * 64;
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
   const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
   const size_t ws_bytes = (sgemm_rows_workspace_bytes(K) + 63) / 64 * 64;
@@ -139,6 +145,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
   char* ws = base + taps_bytes + offsets_bytes + product_bytes;
   L.tap_offsets(s, cin_g, offsets);
+  std::fill(taps + s.C * plane, taps + s.C * plane + kTapsSlack, 0.f);
   const int64_t HW = s.H * s.W;
   const KernelContext serial = ctx.within_task();
   for (int64_t n = 0; n < s.N; ++n) {
@@ -165,7 +172,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
                  offsets, s.KH * s.KW, product + row * Q + q0, Q, gep,
                  reinterpret_cast<float*>(ws + size_t(thread) * ws_bytes));
       for (int64_t m = row; m < g * oc_g + m1; ++m)
-        for (int64_t oh = q0 / L.Wq; oh * L.Wq < q1; ++oh) {
+        for (int64_t oh = q0 / L.Wq; oh < s.OH && oh * L.Wq < q1; ++oh) {
           const int64_t a = q0 > oh * L.Wq ? q0 : oh * L.Wq;  // columns [a, e) of row oh
           const int64_t e = q1 < oh * L.Wq + s.OW ? q1 : oh * L.Wq + s.OW;
           if (a < e) copy_run(yn + m * P + oh * s.OW + (a - oh * L.Wq), product + m * Q + a, e - a);
