@@ -18,6 +18,11 @@ using TaskFn = void (*)(void* ctx, int64_t task, int thread);
 /// an eighth of its work; with 16, by a thirty-second.
 constexpr int64_t kTasksPerThread = 16;
 
+/// Tasks a thread where every task reads all of a product's weights again (runs of a GEMM's
+/// columns, each multiplied by every row of the weights): a pass over the weights costs more
+/// than the finer balance of kTasksPerThread saves.
+constexpr int64_t kWeightPassesPerThread = 4;
+
 /// A set of threads that runs the tasks of one loop at a time.
 class Parallel {
  public:

@@ -318,11 +318,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const int64_t tile_bytes = threads <= 8 ? int64_t(256) << 10 : (int64_t(2) << 20) / threads;
   int64_t pc = tile_bytes / int64_t(sizeof(float)) / K;
   pc = pc < 32 ? 32 : (pc / 32) * 32;
-  // With threads, 4 tiles a thread where the plane has columns for them: each tile reads all
-  // the weights again, so tiles of kTasksPerThread a thread (32 columns for a 28x28 output)
-  // cost more than the finer balance saves.
-  constexpr int64_t kTilesPerThread = 4;
-  const int64_t share = (P / (kTilesPerThread * threads) + 31) / 32 * 32;
+  // With threads, kWeightPassesPerThread tiles a thread where the plane has columns for them
+  // (each tile reads all the weights again).
+  const int64_t share = (P / (kWeightPassesPerThread * threads) + 31) / 32 * 32;
   if (threads > 1 && share >= 32 && share < pc) pc = share;
 #if !defined(ETB_BARE_METAL)
   // Hosted, a small plane (ResNet18's 7x7 and 14x14 layers) is one tile: every extra tile

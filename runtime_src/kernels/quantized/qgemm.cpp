@@ -846,7 +846,8 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
     if (split_columns) {
       // Many columns: one loop in which the threads split runs of panels, each packing its
       // run, a group of panels at a time, into its share of the B block's memory.
-      const int64_t runs = min64(panels, kTasksPerThread * int64_t(threads));
+      // (Each run reads every sliver of A: kWeightPassesPerThread runs a thread.)
+      const int64_t runs = min64(panels, kWeightPassesPerThread * int64_t(threads));
       const int64_t group = min64((panels + runs - 1) / runs, nc_max / kNR / threads);
       auto columns = [&](int64_t r, int thread) {
         multiply_panels(mc0, mc, K, apack, panels * r / runs * kNR,
