@@ -231,16 +231,16 @@ struct TapsLayout {
 
 /// How a taps-path convolution's GEMMs are split over `threads`: each of the `groups` groups
 /// into `runs` runs of its column units times `chunks` chunks of its row units (output
-/// channels), kTasksPerThread tasks a thread where the units allow. A task reads the weights of
-/// its rows and the layout of its columns, so the split starts on the operand that is the
-/// bigger to read again: rows where the weights outweigh the layout (deep layers on small
-/// planes), then columns where that gave too few tasks; otherwise columns, then rows.
+/// channels), kWeightPassesPerThread tasks a thread where the units allow. A task reads the
+/// weights of its rows and the layout of its columns, so the split starts on the operand that
+/// is the bigger to read again: rows where the weights outweigh the layout (deep layers on
+/// small planes), then columns where that gave too few tasks; otherwise columns, then rows.
 struct TapsSplit {
   int64_t runs = 1, chunks = 1;
   TapsSplit(int threads, int64_t groups, int64_t col_units, int64_t row_units,
             bool weights_outweigh_layout) {
     if (threads <= 1) return;
-    const int64_t want = kTasksPerThread * int64_t(threads);
+    const int64_t want = kWeightPassesPerThread * int64_t(threads);
     auto share = [&](int64_t tasks, int64_t units) {  // enough units to make `want` tasks
       const int64_t n = (want + tasks - 1) / tasks;
       return n < units ? n : units;
