@@ -3,7 +3,9 @@
 // systems; a bare-metal build has none and every kernel runs on the calling thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace etb {
 
@@ -22,6 +24,31 @@ constexpr int64_t kTasksPerThread = 16;
 /// columns, each multiplied by every row of the weights): a pass over the weights costs more
 /// than the finer balance of kTasksPerThread saves.
 constexpr int64_t kWeightPassesPerThread = 4;
+
+/// Each thread's slice of a kernel call's scratch (`per_thread` bytes apart from `base`), whose
+/// first `zero_bytes` the thread zeroes itself at its first task of the call. For work split
+/// in runs whose calls leave that part zero (a padding that every run keeps): it is zeroed once
+/// a thread, by the thread that uses it, not once a run nor all on the calling thread.
+class ThreadScratch {
+ public:
+  ThreadScratch(void* base, size_t per_thread, size_t zero_bytes)
+      : base_(static_cast<char*>(base)), per_thread_(per_thread), zero_bytes_(zero_bytes) {}
+  /// Thread `thread`'s slice (called only from that thread's tasks).
+  char* slice(int thread) {
+    char* mine = base_ + size_t(thread) * per_thread_;
+    if (thread >= kTracked || !zeroed_[thread]) {  // threads past kTracked zero every time
+      std::memset(mine, 0, zero_bytes_);
+      if (thread < kTracked) zeroed_[thread] = true;
+    }
+    return mine;
+  }
+
+ private:
+  static constexpr int kTracked = 64;
+  char* base_;
+  size_t per_thread_, zero_bytes_;
+  bool zeroed_[kTracked] = {};
+};
 
 /// A set of threads that runs the tasks of one loop at a time.
 class Parallel {

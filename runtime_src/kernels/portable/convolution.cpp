@@ -261,14 +261,12 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   if (out.numel() == 0) return Error::Ok;
   if (cin_g == 1 && groups > 1) {
     // The threads split runs of input channels (of one batch item each), each thread with its
-    // own scratch, whose padding it zeroes at its first run; a channel is computed the same way
-    // in any run.
+    // own scratch; a channel is computed the same way in any run.
     const int threads = ctx.num_threads();
     const size_t per_thread = (depthwise_conv_f32_scratch_bytes(s) + 63) / 64 * 64;
     Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
-    constexpr int kFlags = 64;  // threads past these zero their padding at every run
-    bool padded[kFlags] = {};
+    ThreadScratch mine(scratch.value(), per_thread, per_thread);
     const int64_t block = depthwise_conv_f32_channel_block(s);
     const int64_t tasks = kTasksPerThread * threads;
     const int64_t run =
@@ -283,10 +281,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       part.OC = part.C * mult;
       depthwise_conv_f32(part, x + (n * s.C + c0) * s.H * s.W, w + c0 * mult * s.KH * s.KW,
                          bd != nullptr ? bd + c0 * mult : nullptr, ctx.output_clamp(),
-                         y + (n * s.OC + c0 * mult) * P,
-                         static_cast<char*>(scratch.value()) + size_t(thread) * per_thread,
-                         thread < kFlags && padded[thread]);
-      if (thread < kFlags) padded[thread] = true;
+                         y + (n * s.OC + c0 * mult) * P, mine.slice(thread));
     };
     ctx.parallel_for(s.N * runs, channels);
     return Error::Ok;

@@ -9,7 +9,7 @@
 // q = oh QW + ow of a flat plane of pitch QW, and its tap (kh, kw) is element q of
 //   src(kh, kw) = plane((kh dh) % sh, (kw dw) % sw) + ((kh dh) / sh) QW + (kw dw) / sw,
 // so the taps of consecutive outputs of a row (and, in the flat plane, across rows) are
-// consecutive floats. The padding is zeroed once per call; each channel rewrites the interior
+// consecutive floats. The caller zeroes the scratch once; each channel rewrites the interior
 // (whole vectors, a vector of zeros restoring the padding after a short row; see fill_planes).
 //
 // Blocks. Outputs are computed four vectors at a time: the accumulators start at the bias,
@@ -40,8 +40,6 @@
 // most of the work, run instead on channel lanes, kW channels per vector
 // (depthwise_lanes.cpp); the results are the same bits.
 #include "kernels/portable/depthwise.h"
-
-#include <cstring>
 
 #include "kernels/portable/depthwise_lanes.h"
 #include "kernels/simd.h"
@@ -477,15 +475,15 @@ size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s) {
 }
 
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                        OutputClamp clamp, float* out, void* scratch, bool padded) {
-  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch, padded);
+                        OutputClamp clamp, float* out, void* scratch) {
+  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
   Layout L = layout_of(s);
   if (!L.planar) return plain(s, in, w, bias, clamp, out);
   char* mem = static_cast<char*>(scratch);
   float* planes = reinterpret_cast<float*>(mem);
   float* flat = reinterpret_cast<float*>(mem + L.plane_bytes);
   int64_t* taps = reinterpret_cast<int64_t*>(mem + L.plane_bytes + L.flat_bytes);
-  if (!padded) std::memset(planes, 0, L.plane_bytes);  // the padding and the slack stay zero
+  // (The padding and the slack are zero, from the caller, and stay zero.)
   if (!L.fixed) tap_offsets(s, L, taps);
   L.taps = taps;
   const ChannelFn fn = channel_fn(s);

@@ -24,15 +24,13 @@ int64_t depthwise_conv_f32_channel_block(const ConvShape& s);
 /// out = clamp(bias + depthwise_conv(in, w)) for s.groups == s.C input channels and s.OC a
 /// multiple of s.C (each input channel feeds s.OC / s.C output channels); bias may be null.
 /// Every output element is written; a NaN stays NaN through the clamp. `scratch` holds
-/// depthwise_conv_f32_scratch_bytes(s) and is 64-byte aligned. Any stride, padding and
-/// dilation; 3x3 and 5x5 with stride 1 or 2 take the fastest path on planes, and strided
-/// convolutions and small planes run on channel lanes (depthwise_lanes.h).
-/// The scratch's padding is zeroed first, unless `padded` says an earlier call for a shape
-/// of the same geometry (any batch and channel counts) left this scratch: each call leaves
-/// the padding zero, so work split over channel ranges zeroes it once per thread, not once a
-/// task.
+/// depthwise_conv_f32_scratch_bytes(s), is 64-byte aligned and was zeroed before the first
+/// call for a shape of this geometry (any batch and channel counts): each call leaves its
+/// padding zero, so work split over channel ranges zeroes a thread's scratch once. Any
+/// stride, padding and dilation; 3x3 and 5x5 with stride 1 or 2 take the fastest path on
+/// planes, and strided convolutions and small planes run on channel lanes (depthwise_lanes.h).
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                        OutputClamp clamp, float* out, void* scratch, bool padded = false);
+                        OutputClamp clamp, float* out, void* scratch);
 
 }  // namespace native
 }  // namespace etb

@@ -25,8 +25,6 @@
 // two ways give the same bits; choosing between them is only a matter of speed.
 #include "kernels/portable/depthwise_lanes.h"
 
-#include <cstring>
-
 #include "kernels/simd.h"
 
 namespace etb {
@@ -152,15 +150,14 @@ size_t depthwise_lanes_f32_scratch_bytes(const ConvShape& s) {
 }
 
 void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                         OutputClamp clamp, float* out, void* scratch, bool padded) {
+                         OutputClamp clamp, float* out, void* scratch) {
   const Lanes L = lanes_of(s);
   char* mem = static_cast<char*>(scratch);
   float* t = reinterpret_cast<float*>(mem);
   float* o = reinterpret_cast<float*>(mem + L.t_bytes);
   float* wv = reinterpret_cast<float*>(mem + L.t_bytes + L.o_bytes);
   int64_t* off = reinterpret_cast<int64_t*>(mem + L.t_bytes + L.o_bytes + L.w_bytes);
-  // The padding stays zero; each block rewrites the interior.
-  if (!padded) std::memset(t, 0, L.t_bytes);
+  // (The padding is zero, from the caller, and stays zero: each block rewrites the interior.)
   const int64_t KK = s.KH * s.KW, HW = s.H * s.W, P = s.OH * s.OW, mult = s.OC / s.C;
   for (int64_t kh = 0; kh < s.KH; ++kh)
     for (int64_t kw = 0; kw < s.KW; ++kw) off[kh * s.KW + kw] = (kh * s.dh * L.Wp + kw * s.dw) * kW;

@@ -55,7 +55,7 @@ size_t depthwise_lanes_f32_scratch_bytes(const ConvShape& s);
 /// depthwise_conv_f32 (depthwise.h) on channel lanes, for a shape depthwise_lanes_suit takes:
 /// the same arguments and the same results, bit for bit.
 void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                         OutputClamp clamp, float* out, void* scratch, bool padded);
+                         OutputClamp clamp, float* out, void* scratch);
 
 }  // namespace native
 }  // namespace etb

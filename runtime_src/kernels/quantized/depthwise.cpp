@@ -287,16 +287,15 @@ void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t
   const Planes p = planes_of(s);
   const size_t per_thread = thread_temp_bytes(p);
   const int64_t elems = plane_elems(p);
-  for (int t = 0; t < ctx.num_threads(); ++t)  // padding and slack stay zero
-    std::memset(static_cast<char*>(temp) + size_t(t) * per_thread, 0,
-                size_t(elems) * sizeof(int16_t));
+  // Each thread's planes (their padding and slack stay zero).
+  ThreadScratch planes(temp, per_thread, size_t(elems) * sizeof(int16_t));
   const PlaneFn fn = plane_fn(p.K, p.S);
   const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = p.K * p.K;
   const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel
   const int16_t zp = int16_t(xzp);
   // The threads split the input channels, each with its own planes.
   auto channel = [&](int64_t task, int thread) {
-    char* mine = static_cast<char*>(temp) + size_t(thread) * per_thread;
+    char* mine = planes.slice(thread);
     int16_t* const p0 = reinterpret_cast<int16_t*>(mine);  // P, or E
     int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;      // O
     int8_t* flat = reinterpret_cast<int8_t*>(mine) + align64(size_t(elems) * sizeof(int16_t));

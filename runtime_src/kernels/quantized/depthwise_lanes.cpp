@@ -244,14 +244,14 @@ void depthwise_lanes(const KernelContext& ctx, const ConvShape& s, const int8_t*
                      int8_t* y, void* temp) {
   const Lanes L = lanes_of(s);
   const size_t per_thread = L.total();
-  for (int t = 0; t < ctx.num_threads(); ++t)  // the padding stays zero; blocks rewrite the rest
-    std::memset(static_cast<char*>(temp) + size_t(t) * per_thread, 0, L.t_bytes);
+  // Each thread's scratch (the padding stays zero; blocks rewrite the rest).
+  ThreadScratch scratch(temp, per_thread, L.t_bytes);
   const int64_t KK = s.KH * s.KW, HW = s.H * s.W, P = s.OH * s.OW, mult_ch = s.OC / s.C;
   const int64_t blocks = ceil_div(s.OC, int64_t(kL));
   const int8_t* x_end = x + s.N * s.C * HW;
   const VecI zp = set_lanes(xzp);
   auto block = [&](int64_t task, int thread) {
-    char* mem = static_cast<char*>(temp) + size_t(thread) * per_thread;
+    char* mem = scratch.slice(thread);
     int32_t* t = reinterpret_cast<int32_t*>(mem);
     int32_t* o = reinterpret_cast<int32_t*>(mem + L.t_bytes);
     int32_t* wv = reinterpret_cast<int32_t*>(mem + L.t_bytes + L.o_bytes);
