@@ -309,6 +309,7 @@ def gen_check(entry: OpEntry) -> str:
         elif t in ("Tensor[]", "Tensor?[]"):
             out.append(f"  for (Tensor* p : {v}.to_tensor_list())")
             out.append(f"    if (p != nullptr) ETB_TRY(check_tensor_arg(*p, k_{a.name}, at_load));")
+    out += _disjoint_checks(entry)
     r = f"(*args[{len(s.args)}])"
     ret = {
         "tensor": ("is_tensor", "a Tensor"),
@@ -325,6 +326,35 @@ def gen_check(entry: OpEntry) -> str:
     out.append("  return Error::Ok;")
     out.append("}")
     return "\n".join(out)
+
+
+def _disjoint_checks(entry: OpEntry) -> list[str]:
+    """Every output against every other tensor argument: they must not share memory, except
+    an ``in_place`` input that is exactly the output's memory (a malformed memory plan would
+    otherwise have the kernel read what it has already overwritten)."""
+    s = entry.schema
+    lines: list[str] = []
+    for i, o in enumerate(s.args):
+        if not (o.is_write and _norm_type(o.type) == "Tensor"):
+            continue
+        for j, a in enumerate(s.args):
+            if j == i or (a.is_write and j > i) or not _is_tensor_type(a):
+                continue  # two outputs are compared once
+            v, t = f"(*args[{j}])", _norm_type(a.type)
+            src = "*p" if t in ("Tensor[]", "Tensor?[]") else f"{v}.to_tensor()"
+            may_alias = "true" if a.name in entry.in_place else "false"
+            check = (
+                f"ETB_TRY(check_disjoint((*args[{i}]).to_tensor(), k_{o.name}, {src}, "
+                f"k_{a.name}, {may_alias}));"
+            )
+            if t == "Tensor":
+                lines.append(f"  {check}")
+            elif t == "Tensor?":
+                lines.append(f"  if ({v}.is_tensor()) {check}")
+            else:
+                lines.append(f"  for (Tensor* p : {v}.to_tensor_list())")
+                lines.append(f"    if (p != nullptr) {check}")
+    return lines
 
 
 def _unboxed_args(s: Schema, out: list[str]) -> list[str]:
@@ -430,6 +460,19 @@ struct TensorArgSpec {
     return fail(Error::InvalidProgram, "%s: argument '%s' has no memory for its %lld elements",
                 a.op, a.arg, (long long)t.numel());
   return Error::Ok;
+}
+
+// Checks that output `out` shares no memory with argument `src`: only an input the op may
+// overwrite (`may_alias`, ops_yaml `in_place`) may be the output's very memory. A memory plan
+// that breaks this is the program's fault, not the kernel's.
+[[maybe_unused]] Error check_disjoint(const Tensor& out, const TensorArgSpec& o,
+                                      const Tensor& src, const TensorArgSpec& a,
+                                      bool may_alias) {
+  if (!overlaps(out, src) || (may_alias && same_memory(out, src))) return Error::Ok;
+  return fail(Error::InvalidProgram,
+              "%s: output '%s' overlaps argument '%s' in memory; the program's memory plan is "
+              "invalid (rebuild the program with etbuild)",
+              o.op, o.arg, a.arg);
 }
 """
 

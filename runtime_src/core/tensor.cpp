@@ -36,6 +36,23 @@ Error Tensor::resize(Span<const int64_t> new_sizes) {
   return Error::Ok;
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const uint8_t* pa = static_cast<const uint8_t*>(a.data());
+  const uint8_t* pb = static_cast<const uint8_t*>(b.data());
+  if (pa == nullptr || pb == nullptr) return false;
+  const size_t na = a.capacity_bytes() > a.nbytes() ? a.capacity_bytes() : a.nbytes();
+  const size_t nb = b.capacity_bytes() > b.nbytes() ? b.capacity_bytes() : b.nbytes();
+  if (na == 0 || nb == 0) return false;
+  return pa < pb + nb && pb < pa + na;
+}
+
+bool same_memory(const Tensor& a, const Tensor& b) {
+  if (a.data() != b.data() || a.dtype() != b.dtype() || a.dim() != b.dim()) return false;
+  for (int d = 0; d < a.dim(); ++d)
+    if (a.size(d) != b.size(d)) return false;
+  return true;
+}
+
 const char* format_sizes(Span<const int64_t> sizes, char* buf, size_t n) {
   size_t pos = 0;
   int w = snprintf(buf, n, "[");

@@ -86,6 +86,13 @@ class Tensor {
   bool read_only_ = false;
 };
 
+/// True when the memory of tensors a and b overlap: each spans its planned bytes (the larger
+/// of capacity and current size) from data(); a tensor without memory or bytes overlaps nothing.
+bool overlaps(const Tensor& a, const Tensor& b);
+
+/// True when a and b are one tensor's memory: the same data, dtype and sizes.
+bool same_memory(const Tensor& a, const Tensor& b);
+
 /// Formats sizes as "[2, 3, 4]" into buf (for messages); returns buf.
 const char* format_sizes(Span<const int64_t> sizes, char* buf, size_t n);
 

@@ -313,16 +313,6 @@ bool activation_clamp(const char* op, const Method::Instr& act, OutputClamp* cla
   return true;
 }
 
-// True when the memory of tensor a and tensor b overlap (either may be unbound: false).
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const uint8_t* pa = static_cast<const uint8_t*>(a.data());
-  const uint8_t* pb = static_cast<const uint8_t*>(b.data());
-  if (pa == nullptr || pb == nullptr) return false;
-  const size_t na = a.capacity_bytes() > a.nbytes() ? a.capacity_bytes() : a.nbytes();
-  const size_t nb = b.capacity_bytes() > b.nbytes() ? b.capacity_bytes() : b.nbytes();
-  return pa < pb + nb && pb < pa + na;
-}
-
 // True when value v is one of the `num` values listed in `ids` (method inputs or outputs).
 bool is_listed(const EValue* v, const EValue* values, const int32_t* ids, size_t num) {
   for (size_t i = 0; i < num; ++i)
@@ -383,8 +373,8 @@ void fuse_activations(Method::Instr* instrs, size_t n, const char* const* op_nam
     // writes it while reading its own arguments, so it must not share memory with them
     // (unless it is the kernel's own output, written in place).
     const Tensor& dst = act_out->to_tensor();
-    const bool same_memory = dst.data() == out->to_tensor().data();
-    for (uint32_t a = 0; a + 2 < k.num_args && ok && !same_memory; ++a) {
+    const bool own_output = dst.data() == out->to_tensor().data();
+    for (uint32_t a = 0; a + 2 < k.num_args && ok && !own_output; ++a) {
       const EValue* v = k.args[a];
       if (v->is_tensor()) ok = !overlaps(v->to_tensor(), dst);
       else if (v->is_tensor_list()) ok = false;

@@ -193,6 +193,29 @@ def test_a_malformed_blob_is_a_load_error(fp32_build, tmp_path) -> None:
     assert "xnnpack: the blob header is malformed" in proc.stderr, proc.stderr
 
 
+def test_an_output_over_the_delegates_input_is_a_run_error(fp32_build, tmp_path) -> None:
+    """A memory plan that puts the delegate's output over its input is refused at the call,
+    never run: the delegate would overwrite the image it still reads."""
+    run_dir, _ = fp32_build
+    f = pte.read((run_dir / "model.pte").read_bytes())
+    (plan,) = f.program.executionPlan
+    (call,) = [i.instrArgs for c in plan.chains for i in c.instructions if i.instrArgsType == 2]
+    x, y = (plan.values[v].val.allocationInfo for v in call.args)
+    assert (x.memoryId, x.memoryOffsetLow) != (y.memoryId, y.memoryOffsetLow)
+    y.memoryId, y.memoryOffsetLow, y.memoryOffsetHigh = x.memoryId, x.memoryOffsetLow, 0
+    segments = [f.segment(i) for i in range(len(f.program.segments))]
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(pte.serialize(f.program, segments, 128))  # emit.segment_alignment
+    etbt.write(tmp_path / "x.etbt", torch.randn(1, 3, 224, 224))
+    runner = run_dir / "runtime" / "bin" / "etb_runner"
+    proc = subprocess.run([str(runner), str(bad), "--input", str(tmp_path / "x.etbt"), "--iters",
+                           "1"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode != 0
+    assert "xnnpack: arguments 0 and 1 overlap in memory and one is an output" in proc.stderr, (
+        proc.stderr
+    )
+
+
 def test_a_target_without_the_library_fails_before_export(tmp_path) -> None:
     with pytest.raises(EtbuildError) as e:
         build_in_process([*XNN, f"target.xnnpack_root={tmp_path}"], tmp_path / "run")

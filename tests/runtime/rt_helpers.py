@@ -115,8 +115,10 @@ def _instr(kind, obj):
     return i
 
 
-def _write_add_program(path: Path, values, instructions, bank_bytes, delegates=(), blobs=()):
-    """Serializes a one-chain "forward" plan over aten::add.out: input value 0, output 1."""
+def _write_add_program(path: Path, values, instructions, bank_bytes, delegates=(), blobs=(),
+                       op_name=("aten::add", "out")):  # fmt: skip
+    """Serializes a one-chain "forward" plan over one operator (aten::add.out unless
+    `op_name` says otherwise): input value 0, output 1."""
     from etbuild.pipeline import pte
     from etbuild.schema import Chain, ExecutionPlan, Operator, Program
 
@@ -124,7 +126,7 @@ def _write_add_program(path: Path, values, instructions, bank_bytes, delegates=(
     chain.inputs, chain.outputs = [0], [1]
     chain.instructions = list(instructions)
     op = Operator.OperatorT()
-    op.name, op.overload = "aten::add", "out"
+    op.name, op.overload = op_name
     plan = ExecutionPlan.ExecutionPlanT()
     plan.name = "forward"
     plan.values = values
@@ -140,6 +142,28 @@ def _write_add_program(path: Path, values, instructions, bank_bytes, delegates=(
     prog.segments = []
     path.write_bytes(pte.serialize(prog, [], 16))
     return path
+
+
+def write_one_op_program(path: Path, op: str, out_offset: int) -> Path:
+    """A hand-built program of one kernel call on Float [2, 3] x at offset 0 of the bank, with
+    its output y at `out_offset`: ``y = x + x`` (op "add") or ``y = x.permute(0, 1)``
+    ("permute"). An offset below 24 makes y share memory with x."""
+    from etbuild.schema import Int, IntList, KernelCall
+
+    values = [_tensor(0), _tensor(out_offset)]  # 0 x, 1 y
+    call = KernelCall.KernelCallT()
+    if op == "add":
+        values.append(_scalar(Int.IntT, "intVal", 1, "Int"))  # 2 alpha
+        call.opIndex, call.args = 0, [0, 0, 2, 1, 1]
+        op_name = ("aten::add", "out")
+    else:
+        dims = IntList.IntListT()
+        dims.items = [2, 3]
+        values += [_scalar(Int.IntT, "intVal", d, "Int") for d in (0, 1)]  # 2, 3: the dims
+        values.append(_ev("IntList", dims))  # 4
+        call.opIndex, call.args = 0, [0, 4, 1, 1]
+        op_name = ("aten::permute_copy", "out")
+    return _write_add_program(path, values, [_instr("KernelCall", call)], 64, op_name=op_name)
 
 
 def write_loop_program(path: Path, jump_back: bool) -> Path:

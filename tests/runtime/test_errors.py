@@ -439,3 +439,27 @@ def test_prepared_bytes_during_a_run_waits_for_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "during True 0" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("op", "offset", "error"), [
+    ("add", 0, None),  # in place: add may write its output over `self`
+    ("add", 24, None),  # right after x: apart
+    ("add", 8, "output 'out' overlaps argument 'self'"),
+    ("permute", 8, "output 'out' overlaps argument 'self'"),  # a crash a fuzz campaign found
+    ("permute", 0, "output 'out' overlaps argument 'self'"),  # permute is never in place
+])  # fmt: skip
+def test_an_output_sharing_memory_with_an_input_is_refused(rt, tmp_path, op, offset, error):
+    """A memory plan that puts a kernel's output over memory it reads is refused when the
+    method loads, unless the output is exactly an input the op may overwrite (ops_yaml
+    `in_place`)."""
+    from rt_helpers import write_one_op_program
+
+    path = write_one_op_program(tmp_path / "p.pte", op, offset)
+    x = torch.randn(2, 3)
+    if error is None:
+        torch.testing.assert_close(rt.load(str(path)).run([x])[0], x + x)
+        return
+    prog = rt.load(str(path))
+    with pytest.raises(rt.Error, match=f"method 'forward': instruction 0: aten::{op}.*{error} "
+                       "in memory; the program's memory plan is invalid"):  # fmt: skip
+        prog.run([x])

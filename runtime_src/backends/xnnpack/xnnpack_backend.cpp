@@ -849,6 +849,14 @@ class XnnpackBackend final : public Backend {
                     "xnnpack: argument %zu does not have the dtype and static sizes the blob "
                     "was built for (%zu dims, first %zu)",
                     e, v.num_dims, v.num_dims ? v.dims[0] : size_t(0));
+      // An output must not share memory with any other argument (the delegate writes it
+      // while it reads them).
+      for (size_t o = 0; o < e; ++o)
+        if ((v.output || h->values[h->args[o]].output) && overlaps(t, args[o]->to_tensor()))
+          return fail(Error::InvalidProgram,
+                      "xnnpack: arguments %zu and %zu overlap in memory and one is an output; "
+                      "the program's memory plan is invalid (rebuild the program with etbuild)",
+                      o, e);
       if (v.input && v.buffer != nullptr) memcpy(v.buffer, t.data(), v.nbytes);
     }
     auto ptr = [&](uint32_t id) -> uint8_t* {
