@@ -465,7 +465,7 @@ struct TensorArgSpec {
 // True when `out` is exactly `src`'s memory: the same data and dtype, and the same sizes
 // unless `out` is dynamic (the kernel resizes it to its result, here still the last run's).
 [[maybe_unused]] bool is_in_place(const Tensor& out, const Tensor& src) {
-  if (!same_memory(out, src)) return false;
+  if (out.data() != src.data() || out.dtype() != src.dtype()) return false;
   if (out.dynamism() != ShapeDynamism::Static) return out.dim() == src.dim();
   if (out.dim() != src.dim()) return false;
   for (int d = 0; d < out.dim(); ++d)

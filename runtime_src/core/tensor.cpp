@@ -46,10 +46,6 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return pa < pb + nb && pb < pa + na;
 }
 
-bool same_memory(const Tensor& a, const Tensor& b) {
-  return a.data() == b.data() && a.dtype() == b.dtype();
-}
-
 const char* format_sizes(Span<const int64_t> sizes, char* buf, size_t n) {
   size_t pos = 0;
   int w = snprintf(buf, n, "[");

@@ -90,10 +90,6 @@ class Tensor {
 /// of capacity and current size) from data(); a tensor without memory or bytes overlaps nothing.
 bool overlaps(const Tensor& a, const Tensor& b);
 
-/// True when a and b start at the same data with the same dtype (one tensor's memory, when
-/// their sizes agree too).
-bool same_memory(const Tensor& a, const Tensor& b);
-
 /// Formats sizes as "[2, 3, 4]" into buf (for messages); returns buf.
 const char* format_sizes(Span<const int64_t> sizes, char* buf, size_t n);
 
