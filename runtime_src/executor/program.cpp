@@ -64,6 +64,9 @@ bool aligned_items(const V* v) {
 Error check_vector_alignment(const fb::Program* program) {
   bool ok = program->constant_segment() == nullptr ||
             aligned_items(program->constant_segment()->offsets());
+  if (const auto* mutables = program->mutable_data_segments())
+    for (const fb::SubsegmentOffsets* sub : *mutables)
+      ok = ok && (sub == nullptr || aligned_items(sub->offsets()));
   const auto* plans = program->execution_plan();
   for (size_t i = 0; plans != nullptr && i < plans->size(); ++i) {
     const fb::ExecutionPlan* plan = plans->Get(flatbuffers::uoffset_t(i));
