@@ -191,7 +191,7 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
 @pytest.mark.parametrize(
     "cin,cout,h,w",
     [
-        (960, 22, 7, 7),  # depth in two blocks; four row tiles: B copied into panels
+        (960, 136, 7, 7),  # depth in two blocks; 17 row tiles or more: B copied into panels
         (160, 13, 7, 7),
         (40, 9, 14, 14),
         (64, 40, 5, 5),  # 25 columns: a whole tile, a narrower one (AVX2) and a dot column
@@ -212,3 +212,28 @@ def test_pointwise_convolution_on_small_planes(rt, pipeline_program, cin, cout, 
     with torch.no_grad():
         conv.weight.normal_(0, cin**-0.5 * 2)
     _check_over_threads(rt, pipeline_program, conv, torch.randn(1, cin, h, w), (2, 3))
+
+
+@pytest.mark.parametrize(
+    "cin,cout,h,w,groups,batch",
+    [
+        (576, 96, 14, 14, 1, 1),  # MobileNetV2's projection: halves of 288, B into panels
+        (129, 13, 7, 9, 1, 1),  # odd depth (halves of 64 and 65), a partial row tile, tails
+        (1100, 40, 5, 5, 1, 1),  # halves of 550: each in two depth blocks
+        (256, 64, 6, 11, 2, 2),  # per group (128 channels each) and per batch item
+        (200, 128, 3, 3, 1, 1),  # the most rows that take halves; 9 columns: dot products
+        (130, 128, 32, 33, 1, 1),  # 528 KB of output: the plain product
+    ],
+)
+def test_pointwise_convolution_in_depth_halves(
+    rt, pipeline_program, cin, cout, h, w, groups, batch
+):
+    """A 1x1 convolution with at most 128 output channels over 128 input channels or more
+    (per group), whose output is at most 512 KB, is the sum of two products, one per half of the input channels (each thread
+    then reads the channels its core's cache holds), the clamp after the sum. Exact against
+    torch, and bit-identical at 2, 3 and 4 threads (at 4, each half in two runs of rows)."""
+    torch.manual_seed(cin + cout + h)
+    conv = nn.Conv2d(cin, cout, 1, groups=groups)
+    with torch.no_grad():
+        conv.weight.normal_(0, (cin // groups) ** -0.5 * 2)
+    _check_over_threads(rt, pipeline_program, conv, torch.randn(batch, cin, h, w), (2, 3, 4))

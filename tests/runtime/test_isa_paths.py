@@ -212,6 +212,8 @@ def _cases(rng: random.Random) -> list[Case]:
              padding=1),
         conv("pointwise1x1", chans(17, 100), chans(9, 80), hw(), 1),
         conv("pointwise1x1_relu", chans(17, 100), chans(9, 80), hw(), 1, act="relu"),
+        # at most 128 output channels over 128 or more: the product in two halves of depth
+        conv("pointwise1x1_depth_halves", odd(129, 300), chans(9, 128), hw(), 1, act="relu6"),
         conv("conv3x3_relu6", chans(3, 40), chans(5, 70), hw(), 3, act="relu6", padding=1),
         conv("conv3x3_s2_relu", chans(3, 40), chans(5, 70), hw(), 3, act="relu", stride=2,
              padding=1),

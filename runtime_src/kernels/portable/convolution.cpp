@@ -295,13 +295,25 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   ep.clamp = ctx.output_clamp();
   const float* b = bias != nullptr ? bias->data_as<float>() : nullptr;
   if (pointwise) {
-    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(oc_g, P, K, P), 64);
+    // Hosted, few output channels over many input channels take the depth in halves (see
+    // sgemm_splits_depth). Bare metal has no threads to gain from it, and its scratch region
+    // is sized for the plain product.
+#if defined(ETB_BARE_METAL)
+    const bool halves = false;
+#else
+    const bool halves = sgemm_splits_depth(oc_g, P, K);
+#endif
+    const size_t ws_bytes =
+        halves ? sgemm_depth_halves_workspace_bytes(oc_g, P, K, P, ctx.num_threads())
+               : sgemm_workspace_bytes(oc_g, P, K, P);
+    Result<void*> ws = ctx.allocate_temp(ws_bytes, 64);
     if (!ws.ok()) return ws.error();
+    auto product = halves ? sgemm_depth_halves : sgemm;
     for (int64_t n = 0; n < s.N; ++n)
       for (int64_t g = 0; g < groups; ++g) {
         ep.bias = b != nullptr ? b + g * oc_g : nullptr;
-        sgemm(ctx, oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
-              y + (n * s.OC + g * oc_g) * P, P, ep, static_cast<float*>(ws.value()));
+        product(ctx, oc_g, P, K, w + g * oc_g * K, K, x + (n * s.C + g * cin_g) * s.H * s.W, P,
+                y + (n * s.OC + g * oc_g) * P, P, ep, static_cast<float*>(ws.value()));
       }
     return Error::Ok;
   }

@@ -489,6 +489,83 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
                             true, workspace);
 }
 
+namespace {
+
+// sgemm_depth_halves' tasks: each half of the depth in runs of whole row tiles, one run for
+// every two threads (so the two halves start at once); a task's product runs on its thread
+// alone, with a workspace of its own.
+int64_t depth_half_runs(int threads) {
+  return (threads + 1) / 2;
+}
+
+size_t depth_half_task_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb) {
+  return (sgemm_workspace_bytes(M, N, K - K / 2, ldb) + 63) / 64 * 64;
+}
+
+}  // namespace
+
+bool sgemm_splits_depth(int64_t M, int64_t N, int64_t K) {
+  // The partial's bound keeps it in L2 (and well within the hosted temp memory).
+  return M <= 128 && K >= 128 && M * N * int64_t(sizeof(float)) <= int64_t(512) << 10;
+}
+
+size_t sgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb,
+                                          int threads) {
+  const size_t partial = (size_t(M * N) * sizeof(float) + 63) / 64 * 64;
+  return partial + size_t(2 * depth_half_runs(threads)) * depth_half_task_bytes(M, N, K, ldb);
+}
+
+void sgemm_depth_halves(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+                        int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                        const GemmEpilogue& ep, float* workspace) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t K0 = K / 2;
+  const int64_t runs = depth_half_runs(ctx.num_threads());
+  const int64_t row_tiles = (M + kMR - 1) / kMR;
+  const int64_t run_rows = (row_tiles + runs - 1) / runs * kMR;
+  float* partial = workspace;  // [M x N], leading dimension N
+  char* task_ws =
+      reinterpret_cast<char*>(workspace) + (size_t(M * N) * sizeof(float) + 63) / 64 * 64;
+  const size_t task_bytes = depth_half_task_bytes(M, N, K, ldb);
+  // Half 0 starts from the caller's init; half 1 from zero. Neither clamps: the sum does.
+  GemmEpilogue first = ep, second;
+  first.clamp = OutputClamp();
+  // Tasks half-major: with two threads, each takes a half (the pool gives thread t the t-th
+  // share of the tasks first).
+  auto product = [&](int64_t task, int) {
+    const int64_t half = task / runs, m0 = (task % runs) * run_rows;
+    if (m0 >= M) return;
+    const int64_t rows = min64(run_rows, M - m0);
+    float* ws = reinterpret_cast<float*>(task_ws + size_t(task) * task_bytes);
+    const KernelContext alone = ctx.within_task();
+    GemmEpilogue e = half == 0 ? first : second;
+    if (e.init == GemmInit::RowBias) e.bias += m0;
+    if (half == 0)
+      sgemm(alone, rows, N, K0, A + m0 * lda, lda, B, ldb, C + m0 * ldc, ldc, e, ws);
+    else
+      sgemm(alone, rows, N, K - K0, A + m0 * lda + K0, lda, B + K0 * ldb, ldb, partial + m0 * N, N,
+            e, ws);
+  };
+  ctx.parallel_for(2 * runs, product);
+  const VecF lo = VecF::broadcast(ep.clamp.lo), hi = VecF::broadcast(ep.clamp.hi);
+  const bool clamp = ep.clamp.active();
+  auto sum = [&](int64_t i, int) {
+    float* c = C + i * ldc;
+    const float* p = partial + i * N;
+    int64_t j = 0;
+    for (; j + kW <= N; j += kW) {
+      const VecF v = VecF::load(c + j) + VecF::load(p + j);
+      (clamp ? simd::clamp(v, lo, hi) : v).store(c + j);
+    }
+    if (j < N) {
+      const int r = int(N - j);
+      const VecF v = VecF::load_partial(c + j, r) + VecF::load_partial(p + j, r);
+      (clamp ? simd::clamp(v, lo, hi) : v).store_partial(c + j, r);
+    }
+  };
+  ctx.parallel_for(M, sum);
+}
+
 void sgemm_rows(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
                 int64_t lda, const float* B, const int64_t* row_offsets, int64_t rows_per_plane,
                 float* C, int64_t ldc, const GemmEpilogue& ep, float* workspace) {

@@ -38,9 +38,30 @@ size_t sgemm_rows_workspace_bytes(int64_t K);
 /// of A read them, its blocks copied into panels of whole tiles. `workspace` holds
 /// sgemm_workspace_bytes(M, N, K, ldb).
 /// The tiles are split over ctx's threads; the result is the same for any thread count.
-void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-           const GemmEpilogue& epilogue, float* workspace);
+void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& epilogue,
+           float* workspace);
+
+/// Whether a convolution's product of M output channels over K input channels and N pixels
+/// is better taken as two halves of the depth (sgemm_depth_halves) than split by rows.
+/// Kernels before it leave its input split over the threads' caches by channel, which is K
+/// here: with few rows, every thread of a row split reads all of B, half of it from another
+/// core, while a thread of a depth half reads the channels that its core has. Decided by the
+/// shape alone, so that the result is the same at any thread count.
+bool sgemm_splits_depth(int64_t M, int64_t N, int64_t K);
+
+/// Bytes of (64-byte aligned) workspace that sgemm_depth_halves needs for an M x N x K
+/// product whose B has leading dimension ldb, on `threads` threads.
+size_t sgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb,
+                                          int threads);
+
+/// sgemm as the sum of two products over the halves of the depth: C = init + A0 B0 and a
+/// partial P = A1 B1, each on its share of the threads (runs of whole row tiles), then
+/// C = clamp(C + P). The sum is the same whatever the thread count, but not the same as
+/// sgemm's. `workspace` holds sgemm_depth_halves_workspace_bytes(M, N, K, ldb, threads).
+void sgemm_depth_halves(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+                        int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                        const GemmEpilogue& epilogue, float* workspace);
 
 /// sgemm with B's rows where the caller puts them: row k starts at B + row_offsets[k] (K
 /// entries) and its N elements are contiguous. A convolution's taps layout gives each row
