@@ -195,7 +195,7 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
         (160, 13, 7, 7),
         (40, 9, 14, 14),
         (64, 40, 5, 5),  # 25 columns: a whole tile, a narrower one (AVX2) and a dot column
-        (256, 30, 15, 17),  # 255 columns of depth 256: two column blocks, each its panels
+        (256, 136, 15, 17),  # 255 columns of depth 256: two column blocks, each its panels
         # 784 columns in two blocks, the second ending in a whole tile and a tail that merge
         # (AVX-512): with threads, runs of columns keep the two together
         (96, 16, 28, 28),
@@ -229,9 +229,10 @@ def test_pointwise_convolution_in_depth_halves(
     rt, pipeline_program, cin, cout, h, w, groups, batch
 ):
     """A 1x1 convolution with at most 128 output channels over 128 input channels or more
-    (per group), whose output is at most 512 KB, is the sum of two products, one per half of the input channels (each thread
-    then reads the channels its core's cache holds), the clamp after the sum. Exact against
-    torch, and bit-identical at 2, 3 and 4 threads (at 4, each half in two runs of rows)."""
+    (per group), whose output is at most 512 KB, is the sum of two products, one per half of
+    the input channels (each thread then reads the channels its core's cache holds), the clamp
+    after the sum. Exact against torch, and bit-identical at 2, 3 and 4 threads (at 4, each
+    half in two runs of rows)."""
     torch.manual_seed(cin + cout + h)
     conv = nn.Conv2d(cin, cout, 1, groups=groups)
     with torch.no_grad():
