@@ -502,6 +502,11 @@ size_t depth_half_task_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb) {
   return (sgemm_workspace_bytes(M, N, K - K / 2, ldb) + 63) / 64 * 64;
 }
 
+// The second half's product, [M x N] floats, at the start of the workspace.
+size_t partial_bytes(int64_t M, int64_t N) {
+  return (size_t(M * N) * sizeof(float) + 63) / 64 * 64;
+}
+
 }  // namespace
 
 bool sgemm_splits_depth(int64_t M, int64_t N, int64_t K) {
@@ -511,8 +516,8 @@ bool sgemm_splits_depth(int64_t M, int64_t N, int64_t K) {
 
 size_t sgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb,
                                           int threads) {
-  const size_t partial = (size_t(M * N) * sizeof(float) + 63) / 64 * 64;
-  return partial + size_t(2 * depth_half_runs(threads)) * depth_half_task_bytes(M, N, K, ldb);
+  return partial_bytes(M, N) +
+         size_t(2 * depth_half_runs(threads)) * depth_half_task_bytes(M, N, K, ldb);
 }
 
 void sgemm_depth_halves(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
@@ -524,8 +529,7 @@ void sgemm_depth_halves(const KernelContext& ctx, int64_t M, int64_t N, int64_t 
   const int64_t row_tiles = (M + kMR - 1) / kMR;
   const int64_t run_rows = (row_tiles + runs - 1) / runs * kMR;
   float* partial = workspace;  // [M x N], leading dimension N
-  char* task_ws =
-      reinterpret_cast<char*>(workspace) + (size_t(M * N) * sizeof(float) + 63) / 64 * 64;
+  char* task_ws = reinterpret_cast<char*>(workspace) + partial_bytes(M, N);
   const size_t task_bytes = depth_half_task_bytes(M, N, K, ldb);
   // Half 0 starts from the caller's init; half 1 from zero. Neither clamps: the sum does.
   GemmEpilogue first = ep, second;

@@ -38,9 +38,9 @@ size_t sgemm_rows_workspace_bytes(int64_t K);
 /// of A read them, its blocks copied into panels of whole tiles. `workspace` holds
 /// sgemm_workspace_bytes(M, N, K, ldb).
 /// The tiles are split over ctx's threads; the result is the same for any thread count.
-void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float* C, int64_t ldc, const GemmEpilogue& epilogue,
-           float* workspace);
+void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+           const GemmEpilogue& epilogue, float* workspace);
 
 /// Whether a convolution's product of M output channels over K input channels and N pixels
 /// is better taken as two halves of the depth (sgemm_depth_halves) than split by rows.
