@@ -151,8 +151,10 @@ def _check_over_threads(rt, pipeline_program, conv, x, thread_counts) -> None:
 @pytest.mark.parametrize(
     "cin,cout,hw,groups",
     [
-        # weights bigger than the layout: chunks of channels (5), then 2 runs of columns
+        # weights bigger than the layout: chunks of channels (whole row tiles; 13 tiles of 8
+        # rows on AVX-512, 17 of 6 on AVX2), at 4 threads then 2 runs of columns
         (32, 100, (14, 14), 1),
+        (48, 40, (14, 14), 1),  # 5 row tiles (AVX-512) or 7 (AVX2): at 2 threads, 2 runs too
         (24, 50, (12, 13), 2),  # groups, and a last chunk shorter than the others
         # a layout bigger than the weights: runs of columns; at one thread, two depth blocks
         # of 32 planes and two blocks of columns (1536 + 144)

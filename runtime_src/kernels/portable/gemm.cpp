@@ -462,6 +462,10 @@ size_t sgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb) {
   return dots + (packs_b(M, N, ldb) ? size_t(panel_floats(N, K)) * sizeof(float) : 0);
 }
 
+int sgemm_row_tile() {
+  return kMR;
+}
+
 size_t sgemm_rows_workspace_bytes(int64_t K) {
   return dots_bytes(K);
 }

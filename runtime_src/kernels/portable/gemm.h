@@ -29,6 +29,10 @@ struct GemmEpilogue {
 /// leading dimension ldb.
 size_t sgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb);
 
+/// Rows of the micro-kernel's tile on this ISA (4, 6 or 8): a caller that splits a product's
+/// rows over threads gives each thread whole tiles.
+int sgemm_row_tile();
+
 /// Bytes of (64-byte aligned) workspace that sgemm_rows needs for depth K.
 size_t sgemm_rows_workspace_bytes(int64_t K);
 
