@@ -167,8 +167,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       const int64_t c = t % chunks, r = t / chunks % runs, g = t / (chunks * runs);
       const int64_t q0 = steps * r / runs * 32, q_end = steps * (r + 1) / runs * 32;
       const int64_t q1 = q_end < Q ? q_end : Q;
-      const int64_t m0 = units * c / chunks * row_tile,
-                    m_end = units * (c + 1) / chunks * row_tile;
+      const int64_t m0 = units * c / chunks * row_tile, m_end = units * (c + 1) / chunks * row_tile;
       const int64_t m1 = m_end < oc_g ? m_end : oc_g, row = g * oc_g + m0;
       GemmEpilogue gep = ep;
       gep.bias = bias != nullptr ? bias + row : nullptr;
