@@ -227,6 +227,9 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
         # holds, so it goes in groups of panels, the last group of a run partial
         (1, 520, 75, 77, 9, 1, 1, 0, 1),
         (1, 160, 7, 7, 45, 1, 1, 0, 1),  # pointwise on 7x7: slivers with the dot column split
+        # pointwise on 14x14 (7 panels), odd depth: B packed in runs of steps times panels,
+        # the last step partial
+        (1, 99, 14, 14, 24, 1, 1, 0, 1),
         (1, 8, 48, 45, 20, 3, 1, 1, 1),  # 3x3, taps path: the threads split runs of panels
         (2, 12, 30, 33, 18, 3, 2, 1, 3),  # grouped, two images: tasks over group and run
         # a small plane, weights bigger than the layout: chunks of rows (at 3 and 4 threads

@@ -202,14 +202,16 @@ inline void pack_step(const int8_t* col, int64_t b_sk, int64_t b_sn, int64_t ks,
 }
 
 // Packs columns [n0, n0 + nc) of B into panels of kNR columns, a 32-bit step per column
-// (an int16 pair, or four bytes x + 128 with ETB_QGEMM_U8S8).
+// (an int16 pair, or four bytes x + 128 with ETB_QGEMM_U8S8): the steps [st_begin, st_end)
+// of each panel, by default all of them.
 void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
-            int16_t* out) {
+            int16_t* out, int64_t st_begin = 0, int64_t st_end = -1) {
   const int64_t S = steps(K);
+  if (st_end < 0) st_end = S;
   for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
     const int64_t nr = min64(kNR, nc - j0);
     int16_t* panel = out + (j0 / kNR) * S * kNR * 2;
-    for (int64_t st = 0; st < S; ++st) {
+    for (int64_t st = st_begin; st < st_end; ++st) {
       int16_t* d = panel + st * kNR * 2;
       pack_step(B + (kStepK * st) * b_sk + (n0 + j0) * b_sn, b_sk, b_sn,
                 min64(kStepK, K - kStepK * st), nr, d);
@@ -859,10 +861,6 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
     }
     for (int64_t n0 = 0; n0 < N; n0 += nc_max) {
       const int64_t nc = min64(nc_max, N - n0);
-      auto pack = [&](int64_t panel, int) {
-        const int64_t j0 = panel * kNR;
-        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2);
-      };
       // A narrow last panel: its columns gathered for dot products instead.
       const int64_t last_nr = (nc - 1) % kNR + 1;
       const bool dots = last_nr <= kDotColumns && nc > kNR && K >= kDotDepth;
@@ -871,7 +869,20 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
         for (int64_t j = 0; j < last_nr; ++j)
           for (int64_t k = 0; k < K; ++k)
             dot_cols[j * K + k] = B[k * b_sk + (n0 + tiled + j) * b_sn];
-      kctx.parallel_for((tiled + kNR - 1) / kNR, pack);
+      // Packing tasks are (run of steps, panel), the runs outermost: with few panels (a 14x14
+      // or 7x7 plane has 7 or 2) a task a panel left one thread idle for a panel, and the
+      // thread that packs a run of depth reads the channels that the kernel before (split by
+      // channels) left in its core's cache.
+      const int64_t pack_panels = (tiled + kNR - 1) / kNR;
+      const int64_t want = kTasksPerThread * int64_t(threads);
+      const int64_t depth_runs =
+          threads == 1 ? 1 : min64(S, (want + pack_panels - 1) / pack_panels);
+      auto pack = [&](int64_t t, int) {
+        const int64_t panel = t % pack_panels, run = t / pack_panels, j0 = panel * kNR;
+        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2,
+               S * run / depth_runs, S * (run + 1) / depth_runs);
+      };
+      kctx.parallel_for(pack_panels * depth_runs, pack);
       auto rows = [&](int64_t t, int) {
         alignas(64) int32_t tile[kMR * kNR];
         const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
