@@ -226,7 +226,13 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
         # pointwise and deep: a run of panels is more than a thread's share of the B block
         # holds, so it goes in groups of panels, the last group of a run partial
         (1, 520, 75, 77, 9, 1, 1, 0, 1),
-        (1, 160, 7, 7, 45, 1, 1, 0, 1),  # pointwise on 7x7: slivers with the dot column split
+        (1, 120, 7, 7, 45, 1, 1, 0, 1),  # pointwise on 7x7: slivers with the dot column split
+        # pointwise, few rows over a deep input on a small plane: the depth in halves, each
+        # half on its share of the threads (MobileNetV2's 384 -> 64 at 14x14), then an odd
+        # depth (64 + 65), and groups over two images (at 3 and 4 threads, two runs of rows)
+        (1, 384, 14, 14, 64, 1, 1, 0, 1),
+        (1, 129, 7, 7, 40, 1, 1, 0, 1),
+        (2, 256, 9, 9, 20, 1, 1, 0, 2),
         # pointwise on 14x14 (7 panels), odd depth: B packed in runs of steps times panels,
         # the last step partial
         (1, 99, 14, 14, 24, 1, 1, 0, 1),

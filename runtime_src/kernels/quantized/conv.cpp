@@ -457,7 +457,14 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
     if (!tmp.ok()) return tmp.error();
     col = static_cast<int8_t*>(tmp.value());
   }
-  Result<void*> wsm = ctx.allocate_temp(qgemm_workspace_bytes(oc_g, pc, K, ctx.num_threads()));
+#if defined(ETB_BARE_METAL)
+  const bool halves = false;
+#else
+  const bool halves = pointwise && qgemm_splits_depth(oc_g, P, K, threads);
+#endif
+  Result<void*> wsm =
+      ctx.allocate_temp(halves ? qgemm_depth_halves_workspace_bytes(oc_g, P, K, threads)
+                               : qgemm_workspace_bytes(oc_g, pc, K, threads));
   if (!wsm.ok()) return wsm.error();
   void* gemm_ws = wsm.value();
   for (int64_t n = 0; n < s.N; ++n) {
@@ -471,6 +478,10 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
                      q,
                      y + (n * s.OC + g * oc_g) * P,
                      P};
+      if (halves) {
+        qgemm_depth_halves(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e);
+        continue;
+      }
       if (pointwise) {
         qgemm(ctx, oc_g, P, K, wg, K, xg, HW, 1, gemm_ws, conv_tile, &e, pw.group(g));
         continue;

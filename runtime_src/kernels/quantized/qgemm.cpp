@@ -720,6 +720,80 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
          align64(size_t(kDotColumns * (K > 0 ? K : 1)) * sizeof(int16_t));
 }
 
+namespace {
+
+// qgemm_depth_halves' tasks: each half of the depth in runs of whole row tiles, a run for
+// every two threads, each run's product on its thread alone with a workspace of its own.
+int64_t depth_half_runs(int threads) {
+  return (threads + 1) / 2;
+}
+
+size_t depth_half_task_bytes(int64_t M, int64_t N, int64_t K) {
+  return align64(qgemm_workspace_bytes(M, N, K - K / 2, 1));
+}
+
+size_t sums_bytes(int64_t M, int64_t N) {
+  return align64(size_t(M * N) * sizeof(int32_t));
+}
+
+// A tile's sums stored into an int32 matrix (row m0 of the product at c + m0 * ld).
+struct SumsOut {
+  int32_t* c;
+  int64_t ld;
+};
+
+void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                int64_t acc_ld) {
+  const SumsOut& o = *static_cast<const SumsOut*>(ctx);
+  for (int64_t i = 0; i < mr; ++i)
+    std::memcpy(o.c + (m0 + i) * o.ld + n0, acc + i * acc_ld, size_t(nr) * sizeof(int32_t));
+}
+
+}  // namespace
+
+bool qgemm_splits_depth(int64_t M, int64_t N, int64_t K, int threads) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  return threads > 1 && panels < kColumnSplitPanels * threads && N > kSmallN && M <= 128 &&
+         K >= 128 && M * N * int64_t(sizeof(int32_t)) <= int64_t(256) << 10;
+}
+
+size_t qgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
+  return 2 * sums_bytes(M, N) +
+         size_t(2 * depth_half_runs(threads)) * depth_half_task_bytes(M, N, K);
+}
+
+void qgemm_depth_halves(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A,
+                        int64_t lda, const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace,
+                        QTileFn fn, void* ctx) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t K0 = K / 2, runs = depth_half_runs(kctx.num_threads());
+  const int64_t row_tiles = (M + kMR - 1) / kMR;
+  const int64_t run_rows = (row_tiles + runs - 1) / runs * kMR;
+  char* mem = static_cast<char*>(workspace);
+  int32_t* const sums[2] = {reinterpret_cast<int32_t*>(mem),
+                            reinterpret_cast<int32_t*>(mem + sums_bytes(M, N))};
+  char* const task_ws = mem + 2 * sums_bytes(M, N);
+  const size_t task_bytes = depth_half_task_bytes(M, N, K);
+  const KernelContext serial = kctx.within_task();
+  auto half_product = [&](int64_t task, int) {
+    const int64_t half = task / runs, m0 = task % runs * run_rows;
+    if (m0 >= M) return;
+    const int64_t k0 = half == 0 ? 0 : K0, depth = half == 0 ? K0 : K - K0;
+    SumsOut out{sums[half] + m0 * N, N};
+    qgemm(serial, min64(run_rows, M - m0), N, depth, A + m0 * lda + k0, lda, B + k0 * b_sk, b_sk,
+          b_sn, task_ws + size_t(task) * task_bytes, store_sums, &out);
+  };
+  kctx.parallel_for(2 * runs, half_product);
+  auto deliver = [&](int64_t t, int) {
+    const int64_t m0 = t * kMR, mr = min64(kMR, M - m0);
+    int32_t* c = sums[0] + m0 * N;
+    const int32_t* other = sums[1] + m0 * N;
+    for (int64_t i = 0; i < mr * N; ++i) c[i] += other[i];
+    fn(ctx, m0, 0, mr, N, c, N);
+  };
+  kctx.parallel_for(row_tiles, deliver);
+}
+
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
               int32_t* sums) {
   constexpr int64_t kRowsPerTask = 16;

@@ -60,6 +60,24 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
            const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace, QTileFn fn, void* ctx,
            const int16_t* apacked = nullptr);
 
+/// Whether a convolution's product of M output channels over K input channels and N pixels
+/// is better taken by qgemm_depth_halves than split by rows: few rows over a deep input, on
+/// a plane too small for qgemm to split its columns. The kernel before it (a depthwise
+/// convolution, split by channels) leaves the input split over the threads' caches by
+/// channel: each thread of a depth half then reads the channels its core has, where each
+/// thread of a row split reads all of them. Only with threads (the sums are exact either way).
+bool qgemm_splits_depth(int64_t M, int64_t N, int64_t K, int threads);
+
+/// Bytes of workspace (64-byte aligned) that qgemm_depth_halves needs on `threads` threads.
+size_t qgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads);
+
+/// qgemm as two products over the halves of the depth, each half on its share of the threads
+/// (runs of whole row tiles) into int32 sums, then fn on the two halves' sum, a row tile a
+/// task. The sums are exact: the same tiles as qgemm's.
+void qgemm_depth_halves(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int8_t* A,
+                        int64_t lda, const int8_t* B, int64_t b_sk, int64_t b_sn, void* workspace,
+                        QTileFn fn, void* ctx);
+
 /// For callers that multiply one A by many Bs (a convolution's column tiles, split over the
 /// threads): A widened once by qgemm_pack_a into qgemm_packed_a_bytes(M, K), then each
 /// product on the calling thread by qgemm_packed with room for `group` panels of
