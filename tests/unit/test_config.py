@@ -222,7 +222,10 @@ def test_ctrl_c_stops_etbuild_with_one_line_and_exit_130(tmp_path: Path) -> None
 
     etbuild = shutil.which("etbuild") or str(Path(sys.executable).parent / "etbuild")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # etbuild flushes
-    with interruptible_child([etbuild, "model=mlp", f"hydra.run.dir={tmp_path}"], env=env) as proc:
+    # Uncached, so that the stages after the first take long enough for the signal to land
+    # in one (from a warm cache all thirteen took 0.15 s, and the signal came after "done").
+    args = [etbuild, "model=mlp", "pipeline.cache=false", f"hydra.run.dir={tmp_path}"]
+    with interruptible_child(args, env=env) as proc:
         line = proc.stdout.readline()
         while line and not line.startswith("[1/"):  # the first stage has finished
             line = proc.stdout.readline()
