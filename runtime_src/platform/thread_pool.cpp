@@ -17,9 +17,8 @@ inline void cpu_relax() {
 #endif
 }
 
-// The task half of a share's word while run() writes a new loop's function, context and
-// count: no task can be claimed, of the old loop (its generation is gone) or of the new one.
-constexpr int64_t kSealed = 0xffffffff;
+// Tasks a loop can have on the pool's threads (a share's next task takes 32 bits).
+constexpr int64_t kMaxTasks = 0xffffffff;
 
 inline uint32_t generation_of(uint64_t word) {
   return uint32_t(word >> 32);
@@ -72,22 +71,26 @@ bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
   std::atomic<uint64_t>& next = shares_[share].next;
   int64_t ran = 0, n = 0;
   bool newer = false;
+  const Loop& loop = shares_[share].loops[generation & 1];
   for (;;) {
     uint64_t word = next.load(std::memory_order_acquire);
-    newer = generation_of(word) != generation;
-    if (newer) break;
-    if (task_of(word) == kSealed) {  // run() is still writing this loop
-      cpu_relax();
-      continue;
+    const uint32_t g = generation_of(word);
+    if (g != generation) {
+      if (int32_t(g - generation) < 0) {  // run() has yet to publish this share
+        cpu_relax();
+        continue;
+      }
+      newer = true;
+      break;
     }
-    // Read the loop before claiming: a successful claim proves the word did not change in
-    // between, and the loop is only rewritten under sealed words of a newer generation; the
-    // loop cannot end while one of its tasks is claimed and not yet counted.
-    // Sequentially consistent: a thread that reads a newer loop's values here also sees the
-    // seal that preceded them, so its claim below fails.
-    n = num_tasks_.load();
-    const TaskFn fn = fn_.load();
-    void* ctx = ctx_.load();
+    // The loop of this word's generation: written before the word was published (the word,
+    // or a claim since, carries run()'s release), and not rewritten before two loops later,
+    // when every word has changed twice. A thread that reads it for an older word (it was
+    // held up for two loops) reads values that may be half rewritten, but its claim below
+    // then fails.
+    n = loop.n.load(std::memory_order_relaxed);
+    const TaskFn fn = loop.fn.load(std::memory_order_relaxed);
+    void* ctx = loop.ctx.load(std::memory_order_relaxed);
     const int64_t first = task_of(word), end = share_begin(n, share + 1, threads);
     if (first >= end) break;
     // Claim half of what is left of the share (a run of tasks), not one task: a loop of
@@ -113,23 +116,25 @@ bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
 
 void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
   if (n <= 0) return;
-  if (num_workers_ == 0 || n == 1 || n >= kSealed) {
+  if (num_workers_ == 0 || n == 1 || n > kMaxTasks) {
     for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
     return;
   }
   pthread_mutex_lock(&run_mu_);
   const int threads = num_workers_ + 1;
-  // Seal first: a thread still looking for tasks of the previous loop (all claimed) must not
-  // claim a task of this one against a previous word while the loop is being written.
+  // Each share's loop slot of this generation's parity, then its word (release): a thread
+  // that reads the word finds the loop written. The previous loop's slot stays as it was for
+  // a thread still looking at that loop's (all claimed) words.
   const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
-  for (int t = 0; t < threads; ++t)
-    shares_[t].next.store((uint64_t(generation) << 32) | uint64_t(kSealed));
-  fn_.store(fn);
-  ctx_.store(ctx);
-  num_tasks_.store(n);
-  done_.store(0);
-  for (int t = 0; t < threads; ++t)  // publishes the loop, share by share
-    shares_[t].next.store((uint64_t(generation) << 32) | uint64_t(share_begin(n, t, threads)));
+  done_.store(0, std::memory_order_relaxed);
+  for (int t = 0; t < threads; ++t) {
+    Loop& loop = shares_[t].loops[generation & 1];
+    loop.fn.store(fn, std::memory_order_relaxed);
+    loop.ctx.store(ctx, std::memory_order_relaxed);
+    loop.n.store(n, std::memory_order_relaxed);
+    shares_[t].next.store((uint64_t(generation) << 32) | uint64_t(share_begin(n, t, threads)),
+                          std::memory_order_release);
+  }
   pthread_mutex_lock(&mu_);
   generation_.store(generation, std::memory_order_release);  // wakes the workers
   pthread_cond_broadcast(&work_cv_);
@@ -148,7 +153,7 @@ void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
 void* ThreadPool::worker_main(void* arg) {
   Worker& w = *static_cast<Worker*>(arg);
   ThreadPool& pool = *w.pool;
-  // A new loop shows first in the worker's own share (sealed, then published).
+  // A new loop shows first in the worker's own share.
   const std::atomic<uint64_t>& mine = pool.shares_[w.thread].next;
   uint32_t seen = 0;
   for (;;) {

@@ -53,17 +53,24 @@ class ThreadPool final : public Parallel {
   pthread_mutex_t mu_;      // guards sleeping and waking
   pthread_cond_t work_cv_;
   pthread_cond_t done_cv_;
-  // The current loop's generation (workers wake on a new one) and, per thread's share, the
-  // generation in the high 32 bits and the share's next unclaimed task below.
+  // The current loop's generation (sleeping workers wake on a new one).
   std::atomic<uint32_t> generation_{0};
-  struct alignas(64) Share {  // a cache line each: threads claim from their own share
+  // A loop as run() publishes it.
+  struct Loop {
+    std::atomic<TaskFn> fn{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<int64_t> n{0};
+  };
+  // A cache line a thread's share: the generation in the high 32 bits of `next` and the
+  // share's next unclaimed task below, and the loop beside them (a worker that sees its word
+  // change reads one line). Two loops by the generation's parity: run() writes the new
+  // loop's while a late thread may still read the previous one's.
+  struct alignas(64) Share {
     std::atomic<uint64_t> next{0};
+    Loop loops[2];
   };
   Share shares_[kMaxThreads];
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
-  std::atomic<TaskFn> fn_{nullptr};
-  std::atomic<void*> ctx_{nullptr};
-  std::atomic<int64_t> num_tasks_{0};
   std::atomic<bool> stop_{false};
 };
 
