@@ -25,6 +25,12 @@ constexpr int64_t kTasksPerThread = 16;
 /// than the finer balance of kTasksPerThread saves.
 constexpr int64_t kWeightPassesPerThread = 4;
 
+/// Runs of rows that a product taken in two halves of its depth gives each half (one task a
+/// run): one for every two threads, so that each thread has one task of one half.
+constexpr int64_t depth_half_runs(int threads) {
+  return (int64_t(threads) + 1) / 2;
+}
+
 /// Each thread's slice of a kernel call's scratch (`per_thread` bytes apart from `base`), whose
 /// first `zero_bytes` the thread zeroes itself at its first task of the call. For work split
 /// in runs whose calls leave that part zero (a padding that every run keeps): it is zeroed once

@@ -495,13 +495,9 @@ void sgemm(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const floa
 
 namespace {
 
-// sgemm_depth_halves' tasks: each half of the depth in runs of whole row tiles, one run for
-// every two threads (so the two halves start at once); a task's product runs on its thread
-// alone, with a workspace of its own.
-int64_t depth_half_runs(int threads) {
-  return (threads + 1) / 2;
-}
-
+// sgemm_depth_halves' tasks: each half of the depth in depth_half_runs runs of whole row tiles
+// (so the two halves start at once); a task's product runs on its thread alone, with a
+// workspace of its own, of these bytes.
 size_t depth_half_task_bytes(int64_t M, int64_t N, int64_t K, int64_t ldb) {
   return (sgemm_workspace_bytes(M, N, K - K / 2, ldb) + 63) / 64 * 64;
 }

@@ -89,6 +89,11 @@ int64_t block_cols(int64_t K) {
 // a thread, else rows.
 constexpr int64_t kColumnSplitPanels = 4;
 
+// Whether a product of N columns has threads but too few panels for them to split columns.
+bool too_few_panels(int64_t N, int threads) {
+  return threads > 1 && (N + kNR - 1) / kNR < kColumnSplitPanels * threads;
+}
+
 // Columns of B per packed block for an M x N x K product on `threads` threads. With threads
 // and few panels (the threads then split rows, not columns: see qgemm) all of B is one block,
 // so that each chunk of A takes one pack loop and one multiply loop rather than one pair per
@@ -97,8 +102,7 @@ constexpr int64_t kColumnSplitPanels = 4;
 // would otherwise take a 192 KiB block for its 125 columns).
 int64_t b_block_cols(int64_t N, int64_t K, int threads) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  if (threads > 1 && panels < kColumnSplitPanels * threads)
-    return panels * kNR > kNR ? panels * kNR : kNR;
+  if (too_few_panels(N, threads)) return panels * kNR > kNR ? panels * kNR : kNR;
   return min64(block_cols(K), panels > 1 ? panels * kNR : kNR);
 }
 
@@ -722,12 +726,8 @@ size_t qgemm_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
 
 namespace {
 
-// qgemm_depth_halves' tasks: each half of the depth in runs of whole row tiles, a run for
-// every two threads, each run's product on its thread alone with a workspace of its own.
-int64_t depth_half_runs(int threads) {
-  return (threads + 1) / 2;
-}
-
+// qgemm_depth_halves' tasks: each half of the depth in depth_half_runs runs of whole row
+// tiles, each run's product on its thread alone with a workspace of its own, of these bytes.
 size_t depth_half_task_bytes(int64_t M, int64_t N, int64_t K) {
   return align64(qgemm_workspace_bytes(M, N, K - K / 2, 1));
 }
@@ -752,9 +752,8 @@ void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const
 }  // namespace
 
 bool qgemm_splits_depth(int64_t M, int64_t N, int64_t K, int threads) {
-  const int64_t panels = (N + kNR - 1) / kNR;
-  return threads > 1 && panels < kColumnSplitPanels * threads && N > kSmallN && M <= 128 &&
-         K >= 128 && M * N * int64_t(sizeof(int32_t)) <= int64_t(256) << 10;
+  return too_few_panels(N, threads) && N > kSmallN && M <= 128 && K >= 128 &&
+         M * N * int64_t(sizeof(int32_t)) <= int64_t(256) << 10;
 }
 
 size_t qgemm_depth_halves_workspace_bytes(int64_t M, int64_t N, int64_t K, int threads) {
@@ -914,8 +913,7 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
                                  align64(size_t(chunk_rows(M, K)) * size_t(row_words(K)) * 4));
   const int16_t* apack = apacked != nullptr ? apacked : achunk;
   const int64_t panels = (N + kNR - 1) / kNR;
-  const bool split_columns =
-      threads > 1 && panels >= kColumnSplitPanels * threads && nc_max / kNR >= threads;
+  const bool split_columns = threads > 1 && !too_few_panels(N, threads) && nc_max / kNR >= threads;
   for (int64_t mc0 = 0; mc0 < M; mc0 += mc_max) {
     const int64_t mc = min64(mc_max, M - mc0), slivers = (mc + kMR - 1) / kMR;
     if (apacked == nullptr) qgemm_pack_a(kctx, mc, K, A + mc0 * lda, lda, achunk);
