@@ -176,6 +176,8 @@ def test_stride_1_convolutions_split_over_threads(rt, pipeline_program, cin, cou
         (16, 24, (121, 99), 3, 2),  # 3050 columns of depth 144 (1.8 MB): tiles, the last partial
         (3, 10, (150, 130), 7, 2),  # an RGB stem, 7x7: 4875 columns of depth 147
         (96, 40, (13, 13), 3, 2),  # 49 columns of depth 864 (169 KB): one tile
+        # 196 columns (rows 208 apart) of depth 576: one tile, two depth and two column blocks
+        (64, 40, (27, 27), 3, 2),
     ],
 )
 def test_im2col_convolutions_in_column_tiles_and_whole(
@@ -183,8 +185,9 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
 ):
     """Stride-2 convolutions go through im2col: a plane whose columns take more than 1 MB in
     column tiles (each thread packing and multiplying its own), a smaller one as one tile (at
-    threads, its packing split by channels and its product by rows). Exact against torch, and
-    bit-identical at 1, 2 and 3 threads."""
+    threads, its packing split by channels and its product by rows). A tile's rows lie a whole
+    number of cache lines apart, whatever its width. Exact against torch, and bit-identical at
+    1, 2 and 3 threads."""
     torch.manual_seed(cin * cout)
     conv = nn.Conv2d(cin, cout, k, stride, k // 2)
     _check_over_threads(rt, pipeline_program, conv, torch.randn(1, cin, *hw), (2, 3))

@@ -340,15 +340,27 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
 #endif
   if (pc > P) pc = P;
   const int64_t tiles = (P + pc - 1) / pc;
+  // Hosted, a tile's rows of the im2col matrix lie a whole number of cache lines apart (a
+  // 14x14 plane's 196 columns 208 floats apart): the GEMM then reads its B in place, where rows
+  // off the line boundary had it copy each depth block into panels first (at 2 threads, a loop
+  // more a block). Bare metal keeps the rows packed: its scratch region is sized for them.
+  auto row_stride = [](int64_t cols) {
+#if defined(ETB_BARE_METAL)
+    return cols;
+#else
+    return (cols + 15) / 16 * 16;
+#endif
+  };
   // The GEMM's workspace for a whole tile of columns and for the last, narrower one.
   const int64_t last_cols = P - (tiles - 1) * pc;
-  const size_t gemm_ws = std::max(sgemm_workspace_bytes(oc_g, pc, K, pc),
-                                  sgemm_workspace_bytes(oc_g, last_cols, K, last_cols));
+  const size_t gemm_ws =
+      std::max(sgemm_workspace_bytes(oc_g, pc, K, row_stride(pc)),
+               sgemm_workspace_bytes(oc_g, last_cols, K, row_stride(last_cols)));
   if (threads == 1 || tiles >= 2 * threads) {
     // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
     // there, so the whole convolution is one parallel loop (a tile's columns are computed the
     // same way on any thread).
-    const size_t col_bytes = (size_t(K * pc) * sizeof(float) + 63) / 64 * 64;
+    const size_t col_bytes = size_t(K * row_stride(pc)) * sizeof(float);
     const size_t ws_bytes = (gemm_ws + 63) / 64 * 64;
     Result<void*> tmp = ctx.allocate_temp((col_bytes + ws_bytes) * size_t(threads), 64);
     if (!tmp.ok()) return tmp.error();
@@ -359,10 +371,11 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       char* mine = static_cast<char*>(tmp.value()) + size_t(thread) * (col_bytes + ws_bytes);
       float* col = reinterpret_cast<float*>(mine);
       const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
-      for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, 0.f, col);
+      const int64_t ld = row_stride(cols);
+      for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, 0.f, col, ld);
       GemmEpilogue tep = ep;
       tep.bias = b != nullptr ? b + g * oc_g : nullptr;
-      sgemm(serial, oc_g, cols, K, w + g * oc_g * K, K, col, cols,
+      sgemm(serial, oc_g, cols, K, w + g * oc_g * K, K, col, ld,
             y + (n * s.OC + g * oc_g) * P + p0, P, tep, reinterpret_cast<float*>(mine + col_bytes));
     };
     ctx.parallel_for(s.N * groups * tiles, tile);
@@ -370,7 +383,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   }
   // Few tiles (a small output plane): the threads split each tile's packing by channels and
   // its product by rows.
-  Result<void*> tmp = ctx.allocate_temp(size_t(K * pc) * sizeof(float));
+  Result<void*> tmp = ctx.allocate_temp(size_t(K * row_stride(pc)) * sizeof(float), 64);
   if (!tmp.ok()) return tmp.error();
   float* col = static_cast<float*>(tmp.value());
   Result<void*> ws_mem = ctx.allocate_temp(gemm_ws, 64);
@@ -383,9 +396,10 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       ep.bias = b != nullptr ? b + g * oc_g : nullptr;
       for (int64_t p0 = 0; p0 < P; p0 += pc) {
         const int64_t cols = P - p0 < pc ? P - p0 : pc;
-        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, 0.f, col); };
+        const int64_t ld = row_stride(cols);
+        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, 0.f, col, ld); };
         ctx.parallel_for(cin_g, pack);
-        sgemm(ctx, oc_g, cols, K, w + g * oc_g * K, K, col, cols, yg + p0, P, ep, ws);
+        sgemm(ctx, oc_g, cols, K, w + g * oc_g * K, K, col, ld, yg + p0, P, ep, ws);
       }
     }
   return Error::Ok;

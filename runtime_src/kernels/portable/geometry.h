@@ -125,18 +125,18 @@ inline void copy_strided(T* d, const T* src, int64_t n, int64_t stride) {
 }
 
 /// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
-/// group, col[K x pc], K = channels x KH x KW; taps outside the input read `pad` (0, or the
-/// int8 kernels' input zero point). The channels are independent, so threads can split them.
+/// group, col[K x ld] (ld >= pc), K = channels x KH x KW; taps outside the input read `pad` (0,
+/// or the int8 kernels' input zero point). The channels are independent, so threads can split them.
 /// Works a row segment at a time: a fill and a contiguous (or strided) copy of the valid
 /// range, so the inner loops have no bounds checks.
 template <typename T>
 inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc, T pad,
-                           T* col) {
+                           T* col, int64_t ld) {
   const T* xc = x + c * s.H * s.W;
   const int64_t oh_first = p0 / s.OW, ow_first = p0 - oh_first * s.OW;
   for (int64_t kh = 0; kh < s.KH; ++kh) {
     for (int64_t kw = 0; kw < s.KW; ++kw) {
-      T* dst = col + ((c * s.KH + kh) * s.KW + kw) * pc;
+      T* dst = col + ((c * s.KH + kh) * s.KW + kw) * ld;
       int64_t lo_all, hi_all;
       valid_range(s.OW, s.W, s.sw, s.pw, kw * s.dw, &lo_all, &hi_all);
       const int64_t off = kw * s.dw - s.pw;

@@ -171,7 +171,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
     const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
     int8_t* col = reinterpret_cast<int8_t*>(scratch + size_t(thread) * per_thread);
     const int8_t* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
-    for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col);
+    for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col, cols);
     ConvEpilogue e{wsum + g * oc_g,
                    mult + g * oc_g,
                    bias + g * oc_g,
@@ -489,7 +489,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
       int8_t* yg = e.out;
       for (int64_t i = 0; i < ct.count; ++i) {
         const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
-        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col); };
+        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col, cols); };
         ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
         qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e, pw.group(g));
