@@ -353,9 +353,8 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   };
   // The GEMM's workspace for a whole tile of columns and for the last, narrower one.
   const int64_t last_cols = P - (tiles - 1) * pc;
-  const size_t gemm_ws =
-      std::max(sgemm_workspace_bytes(oc_g, pc, K, row_stride(pc)),
-               sgemm_workspace_bytes(oc_g, last_cols, K, row_stride(last_cols)));
+  const size_t gemm_ws = std::max(sgemm_workspace_bytes(oc_g, pc, K, row_stride(pc)),
+                                  sgemm_workspace_bytes(oc_g, last_cols, K, row_stride(last_cols)));
   if (threads == 1 || tiles >= 2 * threads) {
     // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
     // there, so the whole convolution is one parallel loop (a tile's columns are computed the
@@ -375,8 +374,8 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
       for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, 0.f, col, ld);
       GemmEpilogue tep = ep;
       tep.bias = b != nullptr ? b + g * oc_g : nullptr;
-      sgemm(serial, oc_g, cols, K, w + g * oc_g * K, K, col, ld,
-            y + (n * s.OC + g * oc_g) * P + p0, P, tep, reinterpret_cast<float*>(mine + col_bytes));
+      sgemm(serial, oc_g, cols, K, w + g * oc_g * K, K, col, ld, y + (n * s.OC + g * oc_g) * P + p0,
+            P, tep, reinterpret_cast<float*>(mine + col_bytes));
     };
     ctx.parallel_for(s.N * groups * tiles, tile);
     return Error::Ok;

@@ -489,7 +489,9 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
       int8_t* yg = e.out;
       for (int64_t i = 0; i < ct.count; ++i) {
         const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
-        auto pack = [&](int64_t c, int) { im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col, cols); };
+        auto pack = [&](int64_t c, int) {
+          im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col, cols);
+        };
         ctx.parallel_for(cin_g, pack);
         e.out = yg + p0;
         qgemm(ctx, oc_g, cols, K, wg, K, col, cols, 1, gemm_ws, conv_tile, &e, pw.group(g));
