@@ -287,23 +287,26 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Program:
 
 
 def _runs_of(runners, program: Program, tmp_path_factory: pytest.TempPathFactory, tag: str):
-    """``run(name, overrides) -> (stdout, outputs)``: `program` run once on that runner."""
-    done: dict[str, tuple[str, list[torch.Tensor]]] = {}
+    """``run(name, overrides, threads=1) -> (stdout, outputs)``: `program` run once on that
+    runner at that thread count."""
+    done: dict[tuple[str, int], tuple[str, list[torch.Tensor]]] = {}
 
-    def run(name: str, overrides: list[str]) -> tuple[str, list[torch.Tensor]]:
-        if name not in done:
+    def run(name: str, overrides: list[str], threads: int = 1) -> tuple[str, list[torch.Tensor]]:
+        if (name, threads) not in done:
             built = runners(name, overrides)
-            d = tmp_path_factory.mktemp(f"isa_{tag}_{name}")
+            d = tmp_path_factory.mktemp(f"isa_{tag}_{name}_{threads}t")
             cmd = [*built.prefix, str(built.runner), str(program.path)]
             for i, t in enumerate(program.inputs):
                 etbt.write(d / f"input_{i}.etbt", t)
                 cmd += ["--input", str(d / f"input_{i}.etbt")]
             cmd += ["--iters", "1", "--warmup", "0", "--profile", "--output-dir", str(d)]
+            cmd += ["--threads", str(threads)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            assert re.search(rf"^threads: {threads}$", proc.stdout, re.M), proc.stdout[-2000:]
             outs = sorted(d.glob("output_*.etbt"), key=lambda p: int(p.stem.split("_")[1]))
-            done[name] = (proc.stdout, [etbt.read(p) for p in outs])
-        return done[name]
+            done[(name, threads)] = (proc.stdout, [etbt.read(p) for p in outs])
+        return done[(name, threads)]
 
     return run
 
@@ -460,6 +463,25 @@ def test_int8_kernels_match_the_reference_exactly(
     assert not failures, f"{isa}: {len(failures)} of {len(outputs)} int8 cases differ:\n" + (
         "\n".join(failures)
     )
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_every_path_gives_the_same_bits_at_any_thread_count(
+    runs, int8_runs, program: Program, int8_program: Program, name, isa, overrides, threads
+) -> None:
+    """The work splits depend on the path (its GEMM tiles have 4 to 8 rows, 8 to 32 columns),
+    so each path's split is checked: both programs at 2 and 3 threads give one thread's bits."""
+    failures = []
+    for run, prog in ((runs, program), (int8_runs, int8_program)):
+        _, one = run(name, overrides)
+        _, many = run(name, overrides, threads)
+        assert len(one) == len(many) == len(prog.cases)
+        for case, a, b in zip(prog.cases, one, many, strict=True):
+            if a.shape != b.shape or not torch.equal(a, b):
+                differ = int((a != b).sum()) if a.shape == b.shape else "all"
+                failures.append(f"{case.name}: {differ} of {a.numel()} elements differ")
+    assert not failures, f"{isa} at {threads} threads against 1: " + "\n".join(failures)
 
 
 @pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
