@@ -359,7 +359,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
     // there, so the whole convolution is one parallel loop (a tile's columns are computed the
     // same way on any thread).
-    const size_t col_bytes = size_t(K * row_stride(pc)) * sizeof(float);
+    const size_t col_bytes = (size_t(K * row_stride(pc)) * sizeof(float) + 63) / 64 * 64;
     const size_t ws_bytes = (gemm_ws + 63) / 64 * 64;
     Result<void*> tmp = ctx.allocate_temp((col_bytes + ws_bytes) * size_t(threads), 64);
     if (!tmp.ok()) return tmp.error();
@@ -382,7 +382,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   }
   // Few tiles (a small output plane): the threads split each tile's packing by channels and
   // its product by rows.
-  Result<void*> tmp = ctx.allocate_temp(size_t(K * row_stride(pc)) * sizeof(float), 64);
+  Result<void*> tmp = ctx.allocate_temp(size_t(K * row_stride(pc)) * sizeof(float));
   if (!tmp.ok()) return tmp.error();
   float* col = static_cast<float*>(tmp.value());
   Result<void*> ws_mem = ctx.allocate_temp(gemm_ws, 64);

@@ -125,10 +125,10 @@ inline void copy_strided(T* d, const T* src, int64_t n, int64_t stride) {
 }
 
 /// Packs the rows of input channel c into columns [p0, p0 + pc) of the im2col matrix of one
-/// group, col[K x ld] (ld >= pc), K = channels x KH x KW; taps outside the input read `pad` (0,
-/// or the int8 kernels' input zero point). The channels are independent, so threads can split them.
-/// Works a row segment at a time: a fill and a contiguous (or strided) copy of the valid
-/// range, so the inner loops have no bounds checks.
+/// group, col[K x ld] (rows ld >= pc elements apart), K = channels x KH x KW; taps outside the
+/// input read `pad` (0, or the int8 kernels' input zero point). The channels are independent,
+/// so threads can split them. Works a row segment at a time: a fill and a contiguous (or
+/// strided) copy of the valid range, so the inner loops have no bounds checks.
 template <typename T>
 inline void im2col_channel(const ConvShape& s, const T* x, int64_t c, int64_t p0, int64_t pc, T pad,
                            T* col, int64_t ld) {
