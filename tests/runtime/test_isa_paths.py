@@ -417,6 +417,16 @@ def int8_runs(runners, int8_program: Program, tmp_path_factory: pytest.TempPathF
 # ---- the tests ------------------------------------------------------------------------------
 
 
+def _bit_differences(cases, got: list[torch.Tensor], want: list[torch.Tensor]) -> list[str]:
+    """One line for each case whose output is not bit for bit the wanted one."""
+    failures = []
+    for case, g, w in zip(cases, got, want, strict=True):
+        if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
+            differ = int((g != w).sum()) if g.shape == w.shape else "all"
+            failures.append(f"{case.name}: {differ} of {w.numel()} elements differ")
+    return failures
+
+
 @pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
 def test_runner_reports_the_isa_it_was_built_for(runners, name, isa, overrides) -> None:
     built = runners(name, overrides)
@@ -455,11 +465,7 @@ def test_int8_kernels_match_the_reference_exactly(
     stdout, outputs = int8_runs(name, overrides)
     assert re.search(rf"^kernel_isa: {isa}$", stdout, re.M), stdout[-2000:]
     assert len(outputs) == len(int8_program.cases)
-    failures = []
-    for case, got, want in zip(int8_program.cases, outputs, int8_program.expected, strict=True):
-        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
-            differ = int((got != want).sum()) if got.shape == want.shape else "all"
-            failures.append(f"{case.name}: {differ} of {want.numel()} elements differ")
+    failures = _bit_differences(int8_program.cases, outputs, int8_program.expected)
     assert not failures, f"{isa}: {len(failures)} of {len(outputs)} int8 cases differ:\n" + (
         "\n".join(failures)
     )
@@ -477,10 +483,7 @@ def test_every_path_gives_the_same_bits_at_any_thread_count(
         _, one = run(name, overrides)
         _, many = run(name, overrides, threads)
         assert len(one) == len(many) == len(prog.cases)
-        for case, a, b in zip(prog.cases, one, many, strict=True):
-            if a.shape != b.shape or not torch.equal(a, b):
-                differ = int((a != b).sum()) if a.shape == b.shape else "all"
-                failures.append(f"{case.name}: {differ} of {a.numel()} elements differ")
+        failures += _bit_differences(prog.cases, many, one)
     assert not failures, f"{isa} at {threads} threads against 1: " + "\n".join(failures)
 
 
