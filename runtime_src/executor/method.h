@@ -65,7 +65,9 @@ class Method {
   Error prepare(Span<uint8_t> memory);
 
   /// Threads the kernels may split their work over (nullptr: the calling thread only, the
-  /// default). The Parallel must outlive the calls to execute().
+  /// default). The Parallel must outlive the calls to execute(), and run one call at a time
+  /// (the kernels keep per-thread scratch in its threads' memory): methods that run at once
+  /// need a Parallel each.
   void set_parallel(Parallel* parallel) { parallel_ = parallel; }
 
   /// Most instructions one execute() runs before it stops with an error, so that a program

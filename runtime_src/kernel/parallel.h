@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 namespace etb {
 
@@ -31,31 +30,6 @@ constexpr int64_t depth_half_runs(int threads) {
   return (int64_t(threads) + 1) / 2;
 }
 
-/// Each thread's slice of a kernel call's scratch (`per_thread` bytes apart from `base`), whose
-/// first `zero_bytes` the thread zeroes itself at its first task of the call. For work split
-/// in runs whose calls leave that part zero (a padding that every run keeps): it is zeroed once
-/// a thread, by the thread that uses it, not once a run nor all on the calling thread.
-class ThreadScratch {
- public:
-  ThreadScratch(void* base, size_t per_thread, size_t zero_bytes)
-      : base_(static_cast<char*>(base)), per_thread_(per_thread), zero_bytes_(zero_bytes) {}
-  /// Thread `thread`'s slice (called only from that thread's tasks).
-  char* slice(int thread) {
-    char* mine = base_ + size_t(thread) * per_thread_;
-    if (thread >= kTracked || !zeroed_[thread]) {  // threads past kTracked zero every time
-      std::memset(mine, 0, zero_bytes_);
-      if (thread < kTracked) zeroed_[thread] = true;
-    }
-    return mine;
-  }
-
- private:
-  static constexpr int kTracked = 64;
-  char* base_;
-  size_t per_thread_, zero_bytes_;
-  bool zeroed_[kTracked] = {};
-};
-
 /// A set of threads that runs the tasks of one loop at a time.
 class Parallel {
  public:
@@ -72,6 +46,15 @@ class Parallel {
     (void)library;
     return nullptr;
   }
+  /// Memory that thread `thread` keeps for the kernels' per-thread scratch (64-byte aligned,
+  /// thread_memory_bytes() of it), or nullptr when these threads keep none. A task uses its
+  /// thread's memory until it returns (ThreadScratch: until its loop ends), and nothing else
+  /// touches it meanwhile: so one call runs on a Parallel at a time.
+  virtual char* thread_memory(int thread) const {
+    (void)thread;
+    return nullptr;
+  }
+  virtual size_t thread_memory_bytes() const { return 0; }
 };
 
 }  // namespace etb

@@ -1,5 +1,7 @@
 #include "platform/thread_pool.h"
 
+#include <new>
+
 #include "backend/backend.h"
 
 namespace etb {
@@ -33,7 +35,15 @@ inline int64_t share_begin(int64_t n, int t, int threads) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads) {
+ThreadMemory::ThreadMemory(int threads) {
+  const size_t n = size_t(threads > 1 ? threads : 1);
+  block_.reset(new (std::nothrow) char[n * kBytes + 63]);
+  if (block_ == nullptr) return;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(block_.get());
+  base_ = block_.get() + ((64 - p % 64) % 64);
+}
+
+ThreadPool::ThreadPool(int threads) : memory_(threads < kMaxThreads ? threads : kMaxThreads) {
   pthread_mutex_init(&run_mu_, nullptr);
   pthread_mutex_init(&mu_, nullptr);
   pthread_cond_init(&work_cv_, nullptr);

@@ -11,6 +11,26 @@
 
 namespace etb {
 
+/// The memory a Parallel keeps for each of its threads, for the kernels' per-thread scratch
+/// (Parallel::thread_memory): kBytes a thread, taken once, with the threads.
+class ThreadMemory {
+ public:
+  /// Enough for the per-thread scratch of MobileNetV2's and ResNet18's kernels (a depthwise
+  /// convolution's padded planes, a depth half's packed operands, a run's panels of B).
+  static constexpr size_t kBytes = size_t(256) << 10;
+  explicit ThreadMemory(int threads);
+  /// Thread `thread`'s memory, or nullptr when the allocation failed (the kernels then use
+  /// their temp memory).
+  char* of(int thread) const {
+    return base_ != nullptr ? base_ + size_t(thread) * kBytes : nullptr;
+  }
+  size_t bytes() const { return base_ != nullptr ? kBytes : 0; }
+
+ private:
+  std::unique_ptr<char[]> block_;
+  char* base_ = nullptr;  // block_ rounded up to 64 bytes
+};
+
 /// `threads` - 1 worker threads plus the thread that calls run(). Each thread of a loop of n
 /// tasks starts on its own share, the t-th of `threads` equal runs of tasks, so that loops
 /// that order their tasks alike (a convolution's columns, then the next one's) give each
@@ -32,6 +52,8 @@ class ThreadPool final : public Parallel {
 
   int num_threads() const override { return num_workers_ + 1; }
   void run(int64_t n, TaskFn fn, void* ctx) override;
+  char* thread_memory(int thread) const override { return memory_.of(thread); }
+  size_t thread_memory_bytes() const override { return memory_.bytes(); }
 
  private:
   struct Worker {
@@ -72,6 +94,7 @@ class ThreadPool final : public Parallel {
   Share shares_[kMaxThreads];
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
   std::atomic<bool> stop_{false};
+  ThreadMemory memory_;
 };
 
 /// The threads for a method that runs on `threads` threads (nullptr for one: the calling

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from rt_helpers import write_delegate_program
 
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
@@ -66,6 +67,64 @@ def test_delegate_jump_move_free(cpp_tests, tmp_path, cond, mode):
         expected.insert(2, "aten::add.out")
     assert profile == expected
     assert "backend: inits=1 destroys=1" in res.stdout
+
+
+class _MixedKernels(torch.nn.Module):
+    """int8 and fp32 kernels that keep per-thread scratch: depthwise convolutions (planes and
+    channel lanes), a pointwise one split by runs of columns and one split in depth halves, and
+    fp32 depthwise and 3x3 (taps path) convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.register_buffer(
+            "dw", torch.randint(-127, 128, (144, 1, 3, 3), generator=g).to(torch.int8)
+        )
+        self.register_buffer(
+            "pw", torch.randint(-127, 128, (32, 144, 1, 1), generator=g).to(torch.int8)
+        )
+        self.register_buffer("dws", torch.rand(144, generator=g) * 0.01 + 0.001)
+        self.register_buffer("pws", torch.rand(32, generator=g) * 0.01 + 0.001)
+        self.fdw = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.f3 = torch.nn.Conv2d(32, 16, 3, padding=1)
+
+    def forward(self, x):
+        from etbuild.pipeline.quant.ops import ops as Q
+
+        def conv(x, w, ws, stride, padding, groups, out_scale):  # input scale 0.05, zero points 0
+            return Q.conv2d(x, 0.05, 0, w, ws, None, stride, padding, [1, 1], groups, out_scale,
+                            0, -128, 127)  # fmt: skip
+
+        q = Q.quantize_per_tensor(x, 0.05, 0, -128, 127)
+        d = conv(q, self.dw, self.dws, [1, 1], [1, 1], 144, 0.05)
+        d2 = conv(q, self.dw, self.dws, [2, 2], [1, 1], 144, 0.05)  # 8x8: halves, not columns
+        p = conv(d, self.pw, self.pws, [1, 1], [0, 0], 1, 0.1)
+        p2 = conv(d2, self.pw, self.pws, [1, 1], [0, 0], 1, 0.1)
+        f = Q.dequantize_per_tensor(p, 0.1, 0)
+        return self.f3(self.fdw(f)), Q.dequantize_per_tensor(p2, 0.1, 0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_kernels_ignore_what_their_threads_memory_held(rt, cpp_tests, tmp_path, threads):
+    """The memory each thread keeps for the kernels' scratch holds garbage before every loop
+    (PoisonedPool): every output is still bit-identical to one thread's."""
+    from rt_helpers import build_with_pipeline
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 144, 16, 16)
+    pte = build_with_pipeline(_MixedKernels().eval(), [x], tmp_path / "run")
+    wants = rt.load(str(pte), threads=1).run([x])
+    res = _run(
+        cpp_tests, f"poisoned:{threads}", str(pte), *(f"{v:.9g}" for v in x.flatten().tolist())
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    loops = int(res.stdout.split("loops: ")[1].split()[0])
+    assert f"threads: {threads} " in res.stdout and loops >= 6, res.stdout[-500:]
+    for i, want in enumerate(wants):
+        line = res.stdout.split(f"output {i}:")[1].splitlines()[0]
+        got = torch.tensor([float(v) for v in line.split()], dtype=torch.float32)
+        assert want.abs().max() > 0.5 and want.std() > 0.1  # outputs of order one that vary
+        assert torch.equal(got, want.flatten()), f"output {i}: {(got - want.flatten()).abs().max()}"
 
 
 def test_missing_backend(cpp_tests, tmp_path):

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "platform/thread_pool.h"
 #include "xnngraph_generated.h"
 
 namespace etb {
@@ -147,7 +148,7 @@ struct Handle {
 class PthreadpoolParallel final : public Parallel {
  public:
   explicit PthreadpoolParallel(pthreadpool_t pool)
-      : pool_(pool), threads_(int(pthreadpool_get_threads_count(pool))) {}
+      : pool_(pool), threads_(int(pthreadpool_get_threads_count(pool))), memory_(threads_) {}
   ~PthreadpoolParallel() override { pthreadpool_destroy(pool_); }
   PthreadpoolParallel(const PthreadpoolParallel&) = delete;
   PthreadpoolParallel& operator=(const PthreadpoolParallel&) = delete;
@@ -156,6 +157,8 @@ class PthreadpoolParallel final : public Parallel {
   void* native_handle(const char* library) const override {
     return strcmp(library, "pthreadpool") == 0 ? pool_ : nullptr;
   }
+  char* thread_memory(int thread) const override { return memory_.of(thread); }
+  size_t thread_memory_bytes() const override { return memory_.bytes(); }
   void run(int64_t n, TaskFn fn, void* ctx) override {
     if (n <= 0) return;
     Loop loop{this, fn, ctx, pthread_self()};
@@ -187,6 +190,7 @@ class PthreadpoolParallel final : public Parallel {
 
   pthreadpool_t pool_;
   int threads_;
+  ThreadMemory memory_;
   std::atomic<int> next_worker_{0};
 };
 

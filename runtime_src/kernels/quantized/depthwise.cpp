@@ -288,7 +288,7 @@ void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t
   const size_t per_thread = thread_temp_bytes(p);
   const int64_t elems = plane_elems(p);
   // Each thread's planes (their padding and slack stay zero).
-  ThreadScratch planes(temp, per_thread, size_t(elems) * sizeof(int16_t));
+  ThreadScratch planes(ctx, temp, per_thread, size_t(elems) * sizeof(int16_t));
   const PlaneFn fn = plane_fn(p.K, p.S);
   const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = p.K * p.K;
   const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel

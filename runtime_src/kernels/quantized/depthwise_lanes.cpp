@@ -245,7 +245,7 @@ void depthwise_lanes(const KernelContext& ctx, const ConvShape& s, const int8_t*
   const Lanes L = lanes_of(s);
   const size_t per_thread = L.total();
   // Each thread's scratch (the padding stays zero; blocks rewrite the rest).
-  ThreadScratch scratch(temp, per_thread, L.t_bytes);
+  ThreadScratch scratch(ctx, temp, per_thread, L.t_bytes);
   const int64_t KK = s.KH * s.KW, HW = s.H * s.W, P = s.OH * s.OW, mult_ch = s.OC / s.C;
   const int64_t blocks = ceil_div(s.OC, int64_t(kL));
   const int8_t* x_end = x + s.N * s.C * HW;

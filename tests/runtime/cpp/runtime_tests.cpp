@@ -1,17 +1,20 @@
 // Drives the runtime from C++ for tests/runtime/test_cpp.py:
 //   etb_runtime_tests MODE PROGRAM [INPUT VALUES...]
 // Modes: run (file loader), buffer (buffer loader), nokernels (no kernel registered),
-// unavailable (the test backend reports itself unavailable), nobackend (none registered).
+// unavailable (the test backend reports itself unavailable), nobackend (none registered),
+// poisoned:N (N threads whose own memory is filled with garbage before every loop).
 // Prints "output i: v0 v1 ..." per output, or "error: <message>" and exits 1.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "executor/data_loader.h"
 #include "executor/method.h"
 #include "executor/program.h"
+#include "platform/thread_pool.h"
 #include "register_kernels.h"
 
 namespace {
@@ -54,6 +57,27 @@ class ScaleBackend final : public etb::Backend {
   bool available_;
 };
 
+// A ThreadPool whose threads' own memory (Parallel::thread_memory) holds garbage at the start
+// of every loop: a kernel that reads its scratch before writing it, or counts on what a loop
+// before left there, gives other outputs than on one thread.
+class PoisonedPool final : public etb::Parallel {
+ public:
+  explicit PoisonedPool(int threads) : pool_(threads) {}
+  int num_threads() const override { return pool_.num_threads(); }
+  void run(int64_t n, etb::TaskFn fn, void* ctx) override {
+    for (int t = 0; t < pool_.num_threads(); ++t)
+      memset(pool_.thread_memory(t), 0xA5 + t, pool_.thread_memory_bytes());
+    ++loops;
+    pool_.run(n, fn, ctx);
+  }
+  char* thread_memory(int thread) const override { return pool_.thread_memory(thread); }
+  size_t thread_memory_bytes() const override { return pool_.thread_memory_bytes(); }
+  int loops = 0;
+
+ private:
+  etb::ThreadPool pool_;
+};
+
 int error_exit(const char* what) {
   printf("error: %s: %s\n", what, etb::last_error_message());
   return 1;
@@ -91,7 +115,7 @@ int main(int argc, char** argv) {
   if (!meta.ok()) return error_exit("meta");
   std::vector<std::vector<uint8_t>> bank_store;
   std::vector<etb::Span<uint8_t>> banks;
-  alignas(64) static uint8_t bank_memory[1 << 16];
+  alignas(64) static uint8_t bank_memory[1 << 22];
   size_t used = 0;
   for (size_t b = 0; b < meta->num_memory_banks(); ++b) {
     size_t n = size_t(meta->memory_bank_size(b).value());
@@ -100,7 +124,7 @@ int main(int argc, char** argv) {
     used += (n + 63) / 64 * 64;
   }
   alignas(16) static uint8_t method_mem[1 << 16];
-  alignas(64) static uint8_t temp_mem[1 << 20];
+  alignas(64) static uint8_t temp_mem[1 << 22];
   etb::MemoryAllocator method_alloc(method_mem, sizeof(method_mem));
   etb::MemoryAllocator temp_alloc(temp_mem, sizeof(temp_mem));
   etb::MemoryManager mm;
@@ -120,11 +144,17 @@ int main(int argc, char** argv) {
       return error_exit("input");
     etb::ProfileEvent events[16];
     method->set_profiler(events, 16);
+    std::unique_ptr<PoisonedPool> pool;
+    if (strncmp(mode, "poisoned:", 9) == 0) {
+      pool = std::make_unique<PoisonedPool>(atoi(mode + 9));
+      method->set_parallel(pool.get());
+    }
     if (method->execute() != etb::Error::Ok) return error_exit("execute");
+    if (pool) printf("threads: %d loops: %d\n", pool->num_threads(), pool->loops);
     for (size_t o = 0; o < method->num_outputs(); ++o) {
       const etb::Tensor& t = method->output(o).value()->to_tensor();
       printf("output %zu:", o);
-      for (int64_t i = 0; i < t.numel(); ++i) printf(" %g", double(t.data_as<float>()[i]));
+      for (int64_t i = 0; i < t.numel(); ++i) printf(" %.9g", double(t.data_as<float>()[i]));
       printf("\n");
     }
     printf("profile:");
