@@ -49,3 +49,21 @@ def test_values_and_indices(rt, pipeline_program, seed):
     keep = ~want_v.isnan()
     assert torch.equal(got_v[keep], want_v[keep])
     assert torch.equal(got_i[keep], want_i[keep])
+
+
+@pytest.mark.parametrize(
+    "args, shape",
+    [
+        ((3, 2, 1, 1, False), (1, 2, 29, 70)),  # ResNet18's stem pool: the first row is cut
+        ((3, 2, 1, 1, True), (1, 3, 30, 69)),  # ceil mode: the last row is cut too
+        ((5, 1, 2, 1, False), (2, 2, 20, 50)),  # two cut rows at the top and at the bottom
+    ],
+)
+def test_rows_cut_by_the_padding(rt, pipeline_program, args, shape):
+    """Output rows whose window the padding cuts take the vector path over the rows left."""
+    torch.manual_seed(sum(shape))
+    x = torch.randn(shape)
+    module = PoolWithIndices(*args).eval()
+    want_v, want_i = module(x)
+    got_v, got_i = rt.load(str(pipeline_program(module, [x]))).run([x])
+    assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)

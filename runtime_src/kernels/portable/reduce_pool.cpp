@@ -559,13 +559,15 @@ Error max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self,
   const bool built = dispatch_dtype<kIndices>(indices.dtype(), [&](auto c) {
     using I = decltype(c);
     I* idx = indices.data_as<I>();
-    // kL outputs from ow on, all of whose taps are inside the plane.
-    auto vector_block = [&](const float* xp, int64_t h0, int64_t ow, float* y_out, I* i_out) {
+    // kL outputs from ow on, whose taps of kernel rows [kh_lo, kh_hi) are all inside the plane
+    // (the rows the padding leaves, as in scalar_max).
+    auto vector_block = [&](const float* xp, int64_t h0, int64_t kh_lo, int64_t kh_hi, int64_t ow,
+                            float* y_out, I* i_out) {
       using simd::VecF;
       const VecF lanes = VecF::load(lane_offsets);
       VecF m, mi;
       bool first = true;
-      for (int64_t kh = 0; kh < q.kh; ++kh) {
+      for (int64_t kh = kh_lo; kh < kh_hi; ++kh) {
         const int64_t row = (h0 + kh * q.dh) * W;
         for (int64_t kw = 0; kw < q.kw; ++kw) {
           const int64_t base = row + ow * q.sw - q.pw + kw;
@@ -594,13 +596,14 @@ Error max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self,
         const int64_t kh_lo = tap_lo(h0, q.dh), kh_hi = tap_hi(h0, q.dh, q.kh, H);
         const int64_t o_row = (p * OH + oh) * OW;
         int64_t ow = 0;
-        if (kh_lo == 0 && kh_hi == q.kh && ow_b > ow_a) {
+        if (kh_hi > kh_lo && ow_b > ow_a) {
           for (; ow < ow_a; ++ow)
             scalar_max(xp, W, q, h0, kh_lo, kh_hi, ow, y + o_row, idx + o_row);
           for (; ow + kL <= ow_b; ow += kL)
-            vector_block(xp, h0, ow, y + o_row + ow, idx + o_row + ow);
+            vector_block(xp, h0, kh_lo, kh_hi, ow, y + o_row + ow, idx + o_row + ow);
           if (ow < ow_b && ow_b - kL >= ow_a) {  // the last block overlaps the one before it
-            vector_block(xp, h0, ow_b - kL, y + o_row + ow_b - kL, idx + o_row + ow_b - kL);
+            vector_block(xp, h0, kh_lo, kh_hi, ow_b - kL, y + o_row + ow_b - kL,
+                         idx + o_row + ow_b - kL);
             ow = ow_b;
           }
         }
