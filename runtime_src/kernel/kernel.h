@@ -63,23 +63,22 @@ class KernelContext {
 #endif
   }
 
-  /// Where thread `thread` (of a task of this call's loops) keeps `bytes` of scratch that is
-  /// its alone: the memory its Parallel keeps for it when that is big enough, else `fallback`
-  /// (its part of the call's temp memory). The thread's own memory lies at the same addresses
-  /// in every call, so it stays in its core's cache; a part of temp memory lies where other
-  /// kernels left their data, often in another core's cache, and each first write to one of
-  /// its lines waits for that core. (MobileNetV2's int8 14x14 depthwise convolutions ran 16-22%
-  /// faster at 2 threads in their threads' own memory.)
-  /// Bare metal has no threads: always `fallback`.
-  char* thread_memory(int thread, size_t bytes, char* fallback) const {
+  /// Thread `thread`'s `per_thread` bytes of scratch for a task of this call's loops: the
+  /// memory its Parallel keeps for it when that is big enough, else its slice of `base` (the
+  /// call's temp memory, per_thread bytes a thread). The thread's own memory lies at the same
+  /// addresses in every call, so it stays in its core's cache; a slice of temp memory lies
+  /// where other kernels left their data, often in another core's cache, and each first write
+  /// to one of its lines waits for that core. (MobileNetV2's int8 14x14 depthwise convolutions
+  /// ran 16-22% faster at 2 threads in their threads' own memory.) Bare metal has no threads:
+  /// always the slice.
+  char* thread_slice(int thread, void* base, size_t per_thread) const {
+    char* slice = static_cast<char*>(base) + size_t(thread) * per_thread;
 #if defined(ETB_BARE_METAL)
-    (void)thread;
-    (void)bytes;
-    return fallback;
+    return slice;
 #else
-    if (parallel_ == nullptr || bytes > parallel_->thread_memory_bytes()) return fallback;
+    if (parallel_ == nullptr || per_thread > parallel_->thread_memory_bytes()) return slice;
     char* own = parallel_->thread_memory(thread);
-    return own != nullptr ? own : fallback;
+    return own != nullptr ? own : slice;
 #endif
   }
 
@@ -97,8 +96,7 @@ class KernelContext {
   const void* prepared_;
 };
 
-/// Each thread's scratch for a kernel call's loop (`per_thread` bytes: the thread's own memory,
-/// KernelContext::thread_memory, or its slice of `base`, per_thread bytes apart), whose first
+/// Each thread's scratch for a kernel call's loop (KernelContext::thread_slice), whose first
 /// `zero_bytes` the thread zeroes itself at its first task of the loop. For work split in runs
 /// whose calls leave that part zero (a padding that every run keeps): it is zeroed once a
 /// thread, by the thread that uses it, not once a run nor all on the calling thread. One loop
@@ -112,7 +110,7 @@ class ThreadScratch {
         zero_bytes_(zero_bytes) {}
   /// Thread `thread`'s slice (called only from that thread's tasks).
   char* slice(int thread) {
-    char* mine = ctx_.thread_memory(thread, per_thread_, base_ + size_t(thread) * per_thread_);
+    char* mine = ctx_.thread_slice(thread, base_, per_thread_);
     if (thread >= kTracked || !zeroed_[thread]) {  // threads past kTracked zero every time
       std::memset(mine, 0, zero_bytes_);
       if (thread < kTracked) zeroed_[thread] = true;

@@ -173,8 +173,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       gep.bias = bias != nullptr ? bias + row : nullptr;
       sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, taps + g * cin_g * plane + q0,
                  offsets, s.KH * s.KW, product + row * Q + q0, Q, gep,
-                 reinterpret_cast<float*>(
-                     ctx.thread_memory(thread, ws_bytes, ws + size_t(thread) * ws_bytes)));
+                 reinterpret_cast<float*>(ctx.thread_slice(thread, ws, ws_bytes)));
       for (int64_t m = row; m < g * oc_g + m1; ++m)
         for (int64_t oh = q0 / L.Wq; oh < s.OH && oh * L.Wq < q1; ++oh) {
           const int64_t a = q0 > oh * L.Wq ? q0 : oh * L.Wq;  // columns [a, e) of row oh
@@ -368,9 +367,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     auto tile = [&](int64_t t, int thread) {
       const int64_t p0 = (t % tiles) * pc, g = (t / tiles) % groups, n = t / (tiles * groups);
       const int64_t cols = P - p0 < pc ? P - p0 : pc;
-      char* mine = ctx.thread_memory(
-          thread, col_bytes + ws_bytes,
-          static_cast<char*>(tmp.value()) + size_t(thread) * (col_bytes + ws_bytes));
+      char* mine = ctx.thread_slice(thread, tmp.value(), col_bytes + ws_bytes);
       float* col = reinterpret_cast<float*>(mine);
       const float* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
       const int64_t ld = row_stride(cols);

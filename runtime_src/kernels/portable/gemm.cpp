@@ -540,8 +540,7 @@ void sgemm_depth_halves(const KernelContext& ctx, int64_t M, int64_t N, int64_t 
     const int64_t half = task / runs, m0 = (task % runs) * run_rows;
     if (m0 >= M) return;
     const int64_t rows = min64(run_rows, M - m0);
-    float* ws = reinterpret_cast<float*>(
-        ctx.thread_memory(thread, task_bytes, task_ws + size_t(task) * task_bytes));
+    float* ws = reinterpret_cast<float*>(ctx.thread_slice(thread, task_ws, task_bytes));
     const KernelContext alone = ctx.within_task();
     GemmEpilogue e = half == 0 ? first : second;
     if (e.init == GemmInit::RowBias) e.bias += m0;

@@ -169,8 +169,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
   auto tile = [&](int64_t t, int thread) {
     const int64_t i = t % tiles, g = (t / tiles) % s.groups, n = t / (tiles * s.groups);
     const int64_t p0 = ct.begin(i), cols = ct.end(i) - p0;
-    int8_t* col = reinterpret_cast<int8_t*>(
-        ctx.thread_memory(thread, per_thread, scratch + size_t(thread) * per_thread));
+    int8_t* col = reinterpret_cast<int8_t*>(ctx.thread_slice(thread, scratch, per_thread));
     const int8_t* xg = x + (n * s.C + g * cin_g) * s.H * s.W;
     for (int64_t c = 0; c < cin_g; ++c) im2col_channel(s, xg, c, p0, cols, int8_t(xzp), col, cols);
     ConvEpilogue e{wsum + g * oc_g,

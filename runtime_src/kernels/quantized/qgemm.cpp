@@ -777,7 +777,7 @@ void qgemm_depth_halves(const KernelContext& kctx, int64_t M, int64_t N, int64_t
   auto half_product = [&](int64_t task, int thread) {
     const int64_t half = task / runs, m0 = task % runs * run_rows;
     if (m0 >= M) return;
-    char* ws = kctx.thread_memory(thread, task_bytes, task_ws + size_t(task) * task_bytes);
+    char* ws = kctx.thread_slice(thread, task_ws, task_bytes);
     const int64_t k0 = half == 0 ? 0 : K0, depth = half == 0 ? K0 : K - K0;
     SumsOut out{sums[half] + m0 * N, N};
     qgemm(serial, min64(run_rows, M - m0), N, depth, A + m0 * lda + k0, lda, B + k0 * b_sk, b_sk,
@@ -926,11 +926,10 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
       const int64_t group = min64((panels + runs - 1) / runs, nc_max / kNR / threads);
       const size_t group_bytes = size_t(group * S * kNR) * 4;
       auto columns = [&](int64_t r, int thread) {
-        char* mine = kctx.thread_memory(
-            thread, group_bytes, reinterpret_cast<char*>(bpack) + size_t(thread) * group_bytes);
         multiply_panels(mc0, mc, K, apack, panels * r / runs * kNR,
                         min64(N, panels * (r + 1) / runs * kNR), B, b_sk, b_sn,
-                        reinterpret_cast<int16_t*>(mine), group, fn, ctx);
+                        reinterpret_cast<int16_t*>(kctx.thread_slice(thread, bpack, group_bytes)),
+                        group, fn, ctx);
       };
       kctx.parallel_for(runs, columns);
       continue;
