@@ -10,9 +10,11 @@ One run on this machine, batch 1, MobileNetV2 and ResNet18 (``--models``), fp32 
 etbuild's runtime is built for the machine (``target.march=native``) by the pipeline, and run
 as ``etb_runner --threads T``, one process per sample. ExecuTorch's thread pool is
 process-wide, so XNNPACK runs in one worker process per thread count, started once and asked
-for a sample in turn. Timing is interleaved: in each of ``--rounds`` rounds every (runtime,
-threads) pair of a cell runs in turn, so machine noise hits all alike; a time is the median
-over rounds of the per-round medians. Every output is checked against torch eager first.
+for a sample in turn; each sample of a long-lived process (XNNPACK, eager) follows 100 ms
+of untimed runs, as each etb_runner process runs 10 first. Timing is interleaved: in each of
+``--rounds`` rounds every (runtime, threads) pair of a cell runs in turn, so machine noise hits
+all alike; a time is the median over rounds of the per-round medians. Every output is
+checked against torch eager first.
 
 Printed per cell: ms at each thread count, each runtime's speed-up over its own 1-thread time,
 and etbuild / XNNPACK at each thread count (< 1: etbuild is faster); then the same quantities
@@ -68,6 +70,77 @@ def delegated_case(case: kb.Case, work: Path) -> tuple[kb.Case, kb.Build]:
     return dataclasses.replace(case, run_dir=run_dir, pte=run_dir / "model.pte"), build
 
 
+# Untimed runs before each sample of a long-lived process (eager, the XNNPACK workers): while
+# the other cells ran, the scheduler may have put its idle threads on one core, and it takes
+# tens of milliseconds of work to spread them again. Without this, XNNPACK at 2 threads took
+# anywhere from 1x to 2.8x its steady time per round on a 2-core host, so the verdict leaned
+# on which round the scheduler spoiled. etb_runner is a fresh process per sample with its own
+# --warmup (kb.RunnerTimed).
+WARM_UP_MS, WARM_UP_RUNS = 100.0, 10
+
+
+def warm_up(call) -> None:
+    """Runs call() until at least WARM_UP_RUNS runs and WARM_UP_MS have passed."""
+    import time
+
+    t0, runs = time.perf_counter(), 0
+    while runs < WARM_UP_RUNS or (time.perf_counter() - t0) * 1e3 < WARM_UP_MS:
+        call()
+        runs += 1
+
+
+ROUND_TRIP_SOURCE = r"""
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+alignas(64) std::atomic<int> ping{0};
+alignas(64) std::atomic<int> pong{0};
+int main() {
+  const int n = 100000;
+  std::thread other([] {
+    for (int i = 1; i <= n; ++i) {
+      while (ping.load(std::memory_order_acquire) != i) {}
+      pong.store(i, std::memory_order_release);
+    }
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= n; ++i) {
+    ping.store(i, std::memory_order_release);
+    while (pong.load(std::memory_order_acquire) != i) {}
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  other.join();
+  printf("%.0f\n", s / n * 1e9);
+}
+"""
+
+
+def round_trip_probe(work: Path) -> Path | None:
+    """A program that prints the time (ns) for a cache line to go from one thread to another
+    and back. On a virtual machine the host may move the vCPUs between cores that share a
+    cache and cores that do not (on an EPYC: ~120 ns vs ~550 ns), and a 2-thread time moves
+    with it; printed per cell so that a reader can tell which the cell ran on."""
+    src, exe = work / "round_trip.cpp", work / "round_trip"
+    src.write_text(ROUND_TRIP_SOURCE)
+    try:
+        subprocess.run([kb.compiler(), "-O2", "-std=c++17", "-pthread", str(src), "-o", str(exe)],
+                       check=True, capture_output=True, timeout=120)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return exe
+
+
+def round_trip_ns(probe: Path | None) -> str:
+    if probe is None:
+        return "?"
+    try:
+        p = subprocess.run([str(probe)], capture_output=True, text=True, timeout=30)
+        return f"{int(p.stdout.split()[0])} ns"
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return "?"
+
+
 class EagerAt(kb.EagerTimed):
     """torch eager at `threads` intra-op threads (set before each sample: cells interleave)."""
 
@@ -78,6 +151,7 @@ class EagerAt(kb.EagerTimed):
     def sample(self, k: int) -> float:
         torch.set_num_threads(self.threads)
         try:
+            warm_up(self.call)
             return super().sample(k)
         finally:
             torch.set_num_threads(1)
@@ -86,7 +160,8 @@ class EagerAt(kb.EagerTimed):
 class XnnpackWorker(kb.Timed):
     """ExecuTorch+XNNPACK at `threads` threads in a process of its own (this script run with
     --xnnpack-worker), answering one request per line: ``<k>`` -> the median ms of k runs,
-    ``out <path>`` -> the first output saved with torch.save."""
+    ``out <path>`` -> the first output saved with torch.save. Each sample is warmed up first
+    (warm_up)."""
 
     def __init__(self, case: kb.Case, threads: int, work: Path) -> None:
         path, _facts = kb.xnnpack_program(case)
@@ -141,6 +216,7 @@ def xnnpack_worker(pte: str, inputs_path: str, threads: int) -> int:
                 torch.save(method.execute(inputs)[0], line[4:].strip())
                 print("ok", flush=True)
                 continue
+            warm_up(lambda: method.execute(inputs))
             times = []
             for _ in range(int(line)):
                 t0 = time.perf_counter()
@@ -233,6 +309,7 @@ def main() -> int:
         if not build.threads_flag:
             kb.log("this etb_runner has no --threads flag")
             return 1
+        probe = round_trip_probe(work)
         rows = []
         for case in cases:
             cells = []
@@ -267,7 +344,10 @@ def main() -> int:
                         c.error = f"output check failed (SQNR {c.check.sqnr_db:.1f} dB)"
                 except Exception as exc:  # noqa: BLE001
                     c.error = f"output failed: {kb.short_error(exc)}"
+            before = round_trip_ns(probe)
             kb.measure(cells, args.iters, args.rounds)
+            kb.log(f"  {case.name:<16} core-to-core round trip {before} before, "
+                   f"{round_trip_ns(probe)} after")  # fmt: skip
             for c in cells:
                 if isinstance(c.timed, XnnpackWorker):
                     c.timed.close()
