@@ -63,6 +63,30 @@ def build_with_executorch(
     return path
 
 
+def cmake_build(source: Path, build: Path, defines: Sequence[str], targets: Sequence[str] = ()):
+    """Configures ``source`` into ``build`` (Ninja, with -D ``defines``) and builds ``targets``
+    (all when empty); asserts both succeed. One build of a directory at a time: pytest workers
+    that build the same directory at once (tests of one file on two workers) can leave ninja's
+    dependency log truncated, after which every build there recompiles everything."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    with FileLock(str(build) + ".lock"):
+        cfg = subprocess.run(
+            ["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja",
+             f"-DPython_EXECUTABLE={sys.executable}", *(f"-D{d}" for d in defines)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+        target_args = [a for t in targets for a in ("--target", t)]
+        res = subprocess.run(
+            ["cmake", "--build", str(build), "-j2", *target_args], capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+
 def assert_matches(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-4) -> None:
     """Max abs error <= rel * max|want| (exact for integer and bool tensors)."""
     assert got.dtype == want.dtype, (got.dtype, want.dtype)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from rt_helpers import write_delegate_program
+from rt_helpers import cmake_build, write_delegate_program
 
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
 BUILD_ROOT = Path(__file__).resolve().parents[2] / "build"
@@ -25,24 +24,7 @@ def cpp_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("cmake") is None or shutil.which("ninja") is None:
         pytest.skip("cmake and ninja are needed to build the C++ runtime tests")
     build = BUILD_ROOT / "runtime-tests" if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp("b")
-    cfg = subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(CPP_DIR),
-            "-B",
-            str(build),
-            "-G",
-            "Ninja",
-            f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}",
-            f"-DPython_EXECUTABLE={sys.executable}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
-    res = subprocess.run(["cmake", "--build", str(build), "-j2"], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    cmake_build(CPP_DIR, build, [f"ETB_RUNTIME_SRC={RUNTIME_SRC_DIR}"])
     return build / "etb_runtime_tests"
 
 

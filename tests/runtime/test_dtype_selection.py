@@ -9,13 +9,12 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from rt_helpers import build_with_pipeline
+from rt_helpers import build_with_pipeline, cmake_build
 
 from etbuild.codegen import generate
 from etbuild.pipeline.paths import OPS_YAML_DIR
@@ -152,19 +151,9 @@ def float_add_runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("float_add")
     sel = _write_selection(work / "selected_operators.yaml", FLOAT_ADD)
     build = BUILD_ROOT / "dtype-selection" if BUILD_ROOT.is_dir() else work / "build"
-    cfg = subprocess.run(
-        ["cmake", "-S", str(RUNTIME_SRC_DIR), "-B", str(build), "-G", "Ninja",
-         f"-DETB_SELECTED_OPS={sel}", "-DETB_ALL_OPS_RUNNER=ON", "-DETB_BUILD_PYTHON=OFF",
-         f"-DETB_OPS_YAML_DIR={OPS_YAML_DIR}", f"-DPython_EXECUTABLE={sys.executable}"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
-    res = subprocess.run(
-        ["cmake", "--build", str(build), "-j2", "--target", "etb_runner", "etb_runner_all_ops"],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    defines = [f"ETB_SELECTED_OPS={sel}", "ETB_ALL_OPS_RUNNER=ON", "ETB_BUILD_PYTHON=OFF",
+               f"ETB_OPS_YAML_DIR={OPS_YAML_DIR}"]  # fmt: skip
+    cmake_build(RUNTIME_SRC_DIR, build, defines, ["etb_runner", "etb_runner_all_ops"])
     return build
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rt_helpers import write_delegate_program
+from rt_helpers import cmake_build, write_delegate_program
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("ETB_SANITIZER_TESTS") != "1", reason="set ETB_SANITIZER_TESTS=1"
@@ -35,18 +35,9 @@ def _build_tests(tmp_path_factory, name: str, build_type: str, sanitize: str, *t
     from etbuild.pipeline.paths import RUNTIME_SRC_DIR
 
     build = BUILD_ROOT / name if BUILD_ROOT.is_dir() else tmp_path_factory.mktemp(name)
-    cfg = subprocess.run(
-        ["cmake", "-S", str(CPP_DIR), "-B", str(build), "-G", "Ninja",
-         f"-DETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"-DPython_EXECUTABLE={sys.executable}",
-         f"-DCMAKE_BUILD_TYPE={build_type}", f"-DETB_SANITIZE={sanitize}"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
-    target_args = [a for t in targets for a in ("--target", t)]
-    res = subprocess.run(
-        ["cmake", "--build", str(build), "-j2", *target_args], capture_output=True, text=True
-    )
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    defines = [f"ETB_RUNTIME_SRC={RUNTIME_SRC_DIR}", f"CMAKE_BUILD_TYPE={build_type}",
+               f"ETB_SANITIZE={sanitize}"]  # fmt: skip
+    cmake_build(CPP_DIR, build, defines, targets)
     return build
 
 
