@@ -121,6 +121,8 @@ def round_trip_probe(work: Path) -> Path | None:
     and back. On a virtual machine the host may move the vCPUs between cores that share a
     cache and cores that do not (on an EPYC: ~120 ns vs ~550 ns), and a 2-thread time moves
     with it; printed per cell so that a reader can tell which the cell ran on."""
+    if (os.cpu_count() or 1) < 2:  # the two threads would take turns on one core
+        return None
     src, exe = work / "round_trip.cpp", work / "round_trip"
     src.write_text(ROUND_TRIP_SOURCE)
     try:
