@@ -328,8 +328,9 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   };
   // Enough tasks for every thread to get several. A matrix-vector product (depth in the task)
   // is bound by reading B, a run's columns of every row: with kTasksPerThread runs a thread,
-  // MobileNetV2's classifier (1280 x 1000) read 256 bytes a row per run, which the prefetchers
-  // follow poorly (100-107 us at 2 threads against 168 at 1); with 4, 1 KiB (79-85 us).
+  // MobileNetV2's classifier (1280 x 1000) ran one tile a run, reading 256 bytes of each row,
+  // which the prefetchers follow poorly (100-107 us at 2 threads against 168 at 1); with 4
+  // runs a thread, two tiles, 512 bytes (79-85 us).
   constexpr int64_t kVectorRunsPerThread = 4;
   const int64_t want =
       (depth_in_task ? kVectorRunsPerThread : kTasksPerThread) * int64_t(ctx.num_threads());
