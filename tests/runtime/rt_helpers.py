@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 
 def compose(overrides: Sequence[str]):
@@ -68,11 +71,6 @@ def cmake_build(source: Path, build: Path, defines: Sequence[str], targets: Sequ
     (all when empty); asserts both succeed. One build of a directory at a time: pytest workers
     that build the same directory at once (tests of one file on two workers) can leave ninja's
     dependency log truncated, after which every build there recompiles everything."""
-    import subprocess
-    import sys
-
-    from filelock import FileLock
-
     with FileLock(str(build) + ".lock"):
         cfg = subprocess.run(
             ["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja",

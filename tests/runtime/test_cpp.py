@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rt_helpers import cmake_build, write_delegate_program
+from rt_helpers import build_with_pipeline, cmake_build, write_delegate_program
 
 CPP_DIR = Path(__file__).resolve().parent / "cpp"
 BUILD_ROOT = Path(__file__).resolve().parents[2] / "build"
@@ -90,8 +90,6 @@ class _MixedKernels(torch.nn.Module):
 def test_kernels_ignore_what_their_threads_memory_held(rt, cpp_tests, tmp_path, threads):
     """The memory each thread keeps for the kernels' scratch holds garbage before every loop
     (PoisonedPool): every output is still bit-identical to one thread's."""
-    from rt_helpers import build_with_pipeline
-
     torch.manual_seed(0)
     x = torch.randn(1, 144, 16, 16)
     pte = build_with_pipeline(_MixedKernels().eval(), [x], tmp_path / "run")
