@@ -517,6 +517,13 @@ inline int32_t dot(const int8_t* __restrict a, const int8_t* __restrict b, int64
 // (b + 128, as the packed path's B) and each row's sum of its own bytes, taken alongside by a
 // second vpdpbusd against ones, gives back the correction 128 * sum_k a[r][k]: exact modulo
 // 2^32, as everywhere here. The tail is masked: a zero byte of a adds nothing to either sum.
+//
+// The rows are prefetched kDotPrefetchBytes ahead. A matrix-vector product's weights are read
+// once per call and are often no longer in any cache (MobileNetV2's classifier, 1.28 MB, was
+// evicted by the rest of the model each inference); the hardware prefetchers alone fetched
+// them at about 10 GB/s (the classifier 121-126 us at 1 thread, 34 us with these prefetches:
+// the 4 rows are adjacent, so the 4 prefetches cover the stream of weights 8 KiB ahead).
+constexpr int64_t kDotPrefetchBytes = 8192;
 inline void dot4(const int8_t* const* a, const int8_t* b, int64_t K, int32_t* out) {
 #if defined(ETB_QGEMM_U8S8)
   const __m512i flip = _mm512_set1_epi8(char(0x80)), ones = _mm512_set1_epi8(1);
@@ -526,6 +533,7 @@ inline void dot4(const int8_t* const* a, const int8_t* b, int64_t K, int32_t* ou
     const __mmask64 m = K - k >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k)) - 1;
     const __m512i bu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, b + k), flip);
     for (int r = 0; r < 4; ++r) {
+      __builtin_prefetch(a[r] + k + kDotPrefetchBytes);
       const __m512i ar = _mm512_maskz_loadu_epi8(m, a[r] + k);
       acc[r] = _mm512_dpbusd_epi32(acc[r], bu, ar);
       sum[r] = _mm512_dpbusd_epi32(sum[r], ones, ar);
@@ -541,6 +549,7 @@ inline void dot4(const int8_t* const* a, const int8_t* b, int64_t K, int32_t* ou
     const __m256i vb =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k)));
     for (int r = 0; r < 4; ++r) {
+      if (k % 64 == 0) __builtin_prefetch(a[r] + k + kDotPrefetchBytes);  // a line a row
       const __m256i va =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r] + k)));
       acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(va, vb));
