@@ -85,6 +85,23 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+# Untimed runs before each sample of a long-lived runtime (eager, the XNNPACK workers, a
+# runtime loaded in this process): while the others ran, the scheduler may have put its idle
+# threads on one core, and it takes tens of milliseconds of work to spread them again.
+# Without this, XNNPACK at 2 threads took anywhere from 1x to 2.8x its steady time per round
+# on a 2-core host, so the verdict leaned on which round the scheduler spoiled. etb_runner is
+# a fresh process per sample with its own --warmup (RunnerTimed).
+WARM_UP_MS, WARM_UP_RUNS = 100.0, 10
+
+
+def warm_up(call) -> None:
+    """Runs call() until at least WARM_UP_RUNS runs and WARM_UP_MS have passed."""
+    t0, runs = time.perf_counter(), 0
+    while runs < WARM_UP_RUNS or (time.perf_counter() - t0) * 1e3 < WARM_UP_MS:
+        call()
+        runs += 1
+
+
 @contextlib.contextmanager
 def quiet():
     """Silence a converter's chatter (stdout, stderr, warnings), C-level output included."""

@@ -21,10 +21,12 @@ runtime's time (elementwise ops, pooling, layout transposes, quantize/dequantize
 
 Each of ``--rounds`` rounds runs the model three times on each (runtime, thread count) in
 turn, so that the samples of one round share the machine's state (a shared host's pace drifts
-over seconds); the first run of each turn only warms the caches (four copies of a model's
-weights do not all stay in L3). A layer's time is the median of the other runs. The whole
-run's speed-up over one thread and its ratio to XNNPACK are also given per round (median and
-p10-p90 of the per-round values): the paired form of bench/threads.py's done-when quantities.
+over seconds). Untimed runs go before each turn (at least 100 ms: kernels.warm_up), so that
+idle threads the scheduler put on one core are spread again; the first run of each turn only
+warms the caches (four copies of a model's weights do not all stay in L3). A layer's time is
+the median of the other runs. The whole run's speed-up over one thread and its ratio to
+XNNPACK are also given per round (median and p10-p90 of the per-round values): the paired form
+of bench/threads.py's done-when quantities.
 
     pip install ".[bench]"
     python bench/layers.py [--models mobilenet resnet18] [--dtypes fp32 int8] [--threads 1 2]
@@ -107,11 +109,14 @@ def xnnpack_worker(pte: str, inputs_path: str, threads: int) -> int:
         portable_lib._unsafe_reset_threadpool(threads)  # before the delegate is initialized
         program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=0)
         method = program.load_method("forward")
+        # A second copy without ETDump for the warm-up runs, which the dump must not hold.
+        untraced = Runtime.get().load_program(pte).load_method("forward")
     inputs = torch.load(inputs_path)
     for line in sys.stdin:
         try:
             verb, arg = line.split(maxsplit=1)
             if verb == "run":
+                kb.warm_up(lambda: untraced.execute(inputs))
                 for _ in range(int(arg)):
                     method.execute(inputs)
             else:
@@ -166,6 +171,7 @@ def kept(runs: list[float]) -> list[float]:
 
 
 def etb_profile(prog, inputs: list[torch.Tensor], runs: int, into: Profile) -> None:
+    kb.warm_up(lambda: prog.run(inputs))
     for _ in range(runs):
         prog.run(inputs, profile=True)
         events = prog.last_profile

@@ -70,25 +70,6 @@ def delegated_case(case: kb.Case, work: Path) -> tuple[kb.Case, kb.Build]:
     return dataclasses.replace(case, run_dir=run_dir, pte=run_dir / "model.pte"), build
 
 
-# Untimed runs before each sample of a long-lived process (eager, the XNNPACK workers): while
-# the other cells ran, the scheduler may have put its idle threads on one core, and it takes
-# tens of milliseconds of work to spread them again. Without this, XNNPACK at 2 threads took
-# anywhere from 1x to 2.8x its steady time per round on a 2-core host, so the verdict leaned
-# on which round the scheduler spoiled. etb_runner is a fresh process per sample with its own
-# --warmup (kb.RunnerTimed).
-WARM_UP_MS, WARM_UP_RUNS = 100.0, 10
-
-
-def warm_up(call) -> None:
-    """Runs call() until at least WARM_UP_RUNS runs and WARM_UP_MS have passed."""
-    import time
-
-    t0, runs = time.perf_counter(), 0
-    while runs < WARM_UP_RUNS or (time.perf_counter() - t0) * 1e3 < WARM_UP_MS:
-        call()
-        runs += 1
-
-
 ROUND_TRIP_SOURCE = r"""
 #include <atomic>
 #include <chrono>
@@ -153,7 +134,7 @@ class EagerAt(kb.EagerTimed):
     def sample(self, k: int) -> float:
         torch.set_num_threads(self.threads)
         try:
-            warm_up(self.call)
+            kb.warm_up(self.call)
             return super().sample(k)
         finally:
             torch.set_num_threads(1)
@@ -163,7 +144,7 @@ class XnnpackWorker(kb.Timed):
     """ExecuTorch+XNNPACK at `threads` threads in a process of its own (this script run with
     --xnnpack-worker), answering one request per line: ``<k>`` -> the median ms of k runs,
     ``out <path>`` -> the first output saved with torch.save. Each sample is warmed up first
-    (warm_up)."""
+    (kb.warm_up)."""
 
     def __init__(self, case: kb.Case, threads: int, work: Path) -> None:
         path, _facts = kb.xnnpack_program(case)
@@ -218,7 +199,7 @@ def xnnpack_worker(pte: str, inputs_path: str, threads: int) -> int:
                 torch.save(method.execute(inputs)[0], line[4:].strip())
                 print("ok", flush=True)
                 continue
-            warm_up(lambda: method.execute(inputs))
+            kb.warm_up(lambda: method.execute(inputs))
             times = []
             for _ in range(int(line)):
                 t0 = time.perf_counter()
