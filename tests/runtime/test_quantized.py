@@ -728,11 +728,30 @@ def test_quantize_dequantize(rt, pipeline_program, zp, qmin, qmax):
     scale = 0.037
     x = torch.randn(3, 50, generator=gen) * 3
     x[0, :20] = (torch.arange(20) - 10 + 0.5) * scale  # ties (up to float rounding)
-    x[1, :4] = torch.tensor([1e9, -1e9, 0.0, -0.0])
+    x[1, :6] = torch.tensor([1e9, -1e9, 0.0, -0.0, float("inf"), float("-inf")])
     run_exact(rt, pipeline_program, Op(lambda m, x: Q.quantize_per_tensor(x, scale, zp, qmin,
                                                                           qmax)), [x])  # fmt: skip
     q = i8((4, 33), gen)
     run_exact(rt, pipeline_program, Op(lambda m, q: Q.dequantize_per_tensor(q, scale, zp)), [q])
+
+
+@pytest.mark.parametrize("zp", [1 << 23, -(1 << 23)])
+def test_quantize_with_the_largest_zero_points(rt, pipeline_program, zp):
+    """The vector paths clamp to [lo - zp, hi - zp] before rounding: with |zp| = 2^23 (the most
+    make_out_quant takes) those bounds, and the ties just inside 2^23, must still give the
+    reference's bits."""
+    k = torch.arange(-140, 141, dtype=torch.float32)
+    x = torch.cat([-zp + k, -zp + k + 0.5]).reshape(2, -1)  # +0.5: exact where |x| < 2^23
+    run_exact(rt, pipeline_program, Op(lambda m, x: Q.quantize_per_tensor(x, 1.0, zp, -128, 127)),
+              [x])  # fmt: skip
+
+
+def test_zero_point_beyond_2_to_the_23_is_an_error(rt, pipeline_program):
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    module = Op(lambda m, x: Q.quantize_per_tensor(x, 1.0, (1 << 23) + 1, -128, 127))
+    prog = rt.load(str(pipeline_program(module, [x])))
+    with pytest.raises(rt.Error, match=r"output zero point 8388609 is out of range"):
+        prog.run([x])
 
 
 @pytest.mark.parametrize("shape", [(1,), (3, 5), (2, 8, 9, 7)])
