@@ -548,8 +548,9 @@ inline void dot4(const int8_t* const* a, const int8_t* b, int64_t K, int32_t* ou
   for (; k + 16 <= K; k += 16) {
     const __m256i vb =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k)));
+    if (k % 64 == 0)  // a line a row
+      for (int r = 0; r < 4; ++r) __builtin_prefetch(a[r] + k + kDotPrefetchBytes);
     for (int r = 0; r < 4; ++r) {
-      if (k % 64 == 0) __builtin_prefetch(a[r] + k + kDotPrefetchBytes);  // a line a row
       const __m256i va =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r] + k)));
       acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(va, vb));
