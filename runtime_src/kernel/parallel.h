@@ -55,6 +55,21 @@ class Parallel {
     return nullptr;
   }
   virtual size_t thread_memory_bytes() const { return 0; }
+  /// A profiling aid: switches on (or off) the counting of loops and of each thread's time in
+  /// tasks, from zero; false when these threads count none. Off by default: the two clock
+  /// reads around each run of tasks that a thread claims cost time of their own.
+  virtual bool count_task_time(bool on) {
+    (void)on;
+    return false;
+  }
+  /// The loops run and thread `thread`'s nanoseconds in tasks since counting was switched on.
+  /// A thread's time in tasks against the wall time tells work slowed down (by its data's
+  /// placement, say) from threads waiting (for a loop's last task, or to be woken).
+  virtual uint64_t counted_loops() const { return 0; }
+  virtual uint64_t counted_task_ns(int thread) const {
+    (void)thread;
+    return 0;
+  }
 };
 
 }  // namespace etb

@@ -54,6 +54,13 @@ class ThreadPool final : public Parallel {
   void run(int64_t n, TaskFn fn, void* ctx) override;
   char* thread_memory(int thread) const override { return memory_.of(thread); }
   size_t thread_memory_bytes() const override { return memory_.bytes(); }
+  bool count_task_time(bool on) override;
+  uint64_t counted_loops() const override { return loops_.load(std::memory_order_relaxed); }
+  uint64_t counted_task_ns(int thread) const override {
+    return thread >= 0 && thread < num_threads()
+               ? task_ns_[thread].ns.load(std::memory_order_relaxed)
+               : 0;
+  }
 
  private:
   struct Worker {
@@ -68,6 +75,8 @@ class ThreadPool final : public Parallel {
   // Claims and runs tasks of share `share` of loop `generation` until none is left; false
   // when a newer loop began.
   bool run_share(uint32_t generation, int share, int thread);
+  // Runs tasks [first, end) of fn on `thread`, counting their time when counting_ is on.
+  void run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread);
 
   Worker workers_[kMaxThreads];
   int num_workers_ = 0;
@@ -93,6 +102,13 @@ class ThreadPool final : public Parallel {
   };
   Share shares_[kMaxThreads];
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
+  // count_task_time's counts: a cache line a thread, so that counting adds no sharing.
+  struct alignas(64) TaskNs {
+    std::atomic<uint64_t> ns{0};
+  };
+  std::atomic<bool> counting_{false};
+  std::atomic<uint64_t> loops_{0};
+  TaskNs task_ns_[kMaxThreads];
   std::atomic<bool> stop_{false};
   ThreadMemory memory_;
 };

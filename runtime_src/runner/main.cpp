@@ -117,23 +117,26 @@ void* aligned_buffer(size_t n, size_t align = 64) {
 
 // The usage text; --help prints it to stdout (exit 0), a bad command line to stderr (exit 2).
 int usage(FILE* to = stderr) {
-  fprintf(to,
-          "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
-          "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
-          "                  [--instruction-budget N] [--no-prepare] [--no-checksums]\n"
-          "       etb_runner --isa\n"
-          "--no-prepare leaves the weights as the program stores them (less memory; each call\n"
-          "             then packs its own)\n"
-          "--instruction-budget stops a run after N instructions (default: from the program)\n"
-          "--no-checksums skips checking the program's content against its checksums\n"
-          "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
-          "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
-          "Runs the method --iters times after --warmup runs and prints each memory bank (name,\n"
-          "bytes, alignment), each output's sum and hash, the kernels' SIMD path, the thread\n"
-          "count and the latency (median, p10, p90).\n"
-          "A .etbt file is one tensor, little-endian: \"ETBT\", u32 version 1, u32 dtype (6 Float,\n"
-          "4 Long, 3 Int, 1 Char, 11 Bool), u32 ndim, ndim x i64 sizes, row-major data. A build's\n"
-          "reference inputs as .etbt: python -m etbuild.pipeline.etbt RUN/reference.pt DIR\n");
+  fprintf(
+      to,
+      "usage: etb_runner PROGRAM.pte [--input FILE.etbt]... [--iters N] [--warmup N]\n"
+      "                  [--method NAME] [--profile] [--output-dir DIR] [--threads N]\n"
+      "                  [--instruction-budget N] [--no-prepare] [--no-checksums]\n"
+      "       etb_runner --isa\n"
+      "--no-prepare leaves the weights as the program stores them (less memory; each call\n"
+      "             then packs its own)\n"
+      "--instruction-budget stops a run after N instructions (default: from the program)\n"
+      "--no-checksums skips checking the program's content against its checksums\n"
+      "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
+      "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
+      "--profile prints each instruction's time in the last run and, with threads, the\n"
+      "          pool's loops and each thread's ms in tasks per timed run\n"
+      "Runs the method --iters times after --warmup runs and prints each memory bank (name,\n"
+      "bytes, alignment), each output's sum and hash, the kernels' SIMD path, the thread\n"
+      "count and the latency (median, p10, p90).\n"
+      "A .etbt file is one tensor, little-endian: \"ETBT\", u32 version 1, u32 dtype (6 Float,\n"
+      "4 Long, 3 Int, 1 Char, 11 Bool), u32 ndim, ndim x i64 sizes, row-major data. A build's\n"
+      "reference inputs as .etbt: python -m etbuild.pipeline.etbt RUN/reference.pt DIR\n");
   return to == stdout ? 0 : 2;
 }
 
@@ -258,7 +261,11 @@ int main(int argc, char** argv) {
   std::vector<etb::ProfileEvent> events(profile ? meta->num_instructions() + 1 : 0);
   if (profile) method->set_profiler(events.data(), events.size());
   std::vector<double> times;
+  // With --profile, the pool counts its loops and each thread's time in tasks over the timed
+  // runs (when it counts them: a delegate's pool may not).
+  bool task_time = false;
   for (int it = 0; it < warmup + iters; ++it) {
+    if (it == warmup && profile && pool) task_time = pool->count_task_time(true);
     for (size_t i = 0; i < inputs.size(); ++i) {
       const InputFile& in = inputs[i];
       if (method->set_input(i, in.dtype,
@@ -316,6 +323,13 @@ int main(int argc, char** argv) {
   printf("scratch_peak: %zu\n", method->scratch_peak());
   printf("latency_ms: median=%.3f p10=%.3f p90=%.3f iters=%zu\n", pct(0.5), pct(0.1), pct(0.9),
          times.size());
+  if (task_time && !times.empty()) {
+    const double runs = double(times.size());
+    printf("task_time: loops_per_run=%.1f ms_per_run=", double(pool->counted_loops()) / runs);
+    for (int t = 0; t < pool->num_threads(); ++t)
+      printf("%s%.3f", t ? "," : "", double(pool->counted_task_ns(t)) / 1e6 / runs);
+    printf("\n");
+  }
   if (profile) {
     for (const etb::ProfileEvent& e : method->profile())
       printf("profile: %-32s %10.3f us\n", e.name, double(e.duration_ns) / 1e3);

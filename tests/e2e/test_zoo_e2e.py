@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ import torch
 import yaml
 from etbuild_test_support import ARTIFACTS, ZOO, run_cli, run_in_executorch
 
-from etbuild.pipeline import pte
+from etbuild.pipeline import etbt, pte
 
 pytestmark = pytest.mark.e2e
 
@@ -173,6 +175,34 @@ def test_reference_outputs_are_order_one(zoo_build, model: str) -> None:
     for out in ref["outputs"]:
         assert torch.isfinite(out).all()
         assert out.float().std() >= 0.1
+
+
+def test_runner_profile_counts_each_threads_time_in_tasks(zoo_build, tmp_path: Path) -> None:
+    """etb_runner --profile at 2 threads prints the pool's loops and each thread's ms in tasks
+    per timed run (the split of a 2-thread time into work and waiting); at 1 thread there is
+    no pool, and without --profile nothing is counted."""
+    run_dir = zoo_build("mobilenet")
+    (x,) = load_reference(run_dir)["inputs"]
+    etbt.write(tmp_path / "x.etbt", x)
+    runner = [str(run_dir / "runtime" / "bin" / "etb_runner"), str(run_dir / "model.pte"),
+              "--input", str(tmp_path / "x.etbt"), "--iters", "4", "--warmup", "1"]  # fmt: skip
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([*runner, *args], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = run("--threads", "2", "--profile")
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("task_time: ")]
+    pattern = r"task_time: loops_per_run=([\d.]+) ms_per_run=([\d.,]+)"
+    loops, ms = re.fullmatch(pattern, line).groups()
+    # Every run runs the same loops: dozens (MobileNetV2's convolutions, adds, mean, ...).
+    assert float(loops).is_integer() and 30 <= float(loops) <= 500, line
+    busy = [float(v) for v in ms.split(",")]
+    median = float(re.search(r"latency_ms: median=([\d.]+)", out).group(1))
+    assert len(busy) == 2 and sum(busy) > 0 and max(busy) < 10 * median, (line, median)
+    assert "task_time" not in run("--threads", "1", "--profile")
+    assert "task_time" not in run("--threads", "2")
 
 
 # Determinism of the whole pipeline, through the command line: the model with the most kinds

@@ -131,8 +131,9 @@ def thread_sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_thread_pool_and_kernels_under_thread_sanitizer(
     thread_sanitized, zoo_build, tmp_path, model
 ):
-    """The pool and the kernels that split their work (GEMM, im2col, depthwise) show no data
-    race at 2 and 4 threads, and their outputs equal one thread's, bit for bit."""
+    """The pool (counting each thread's time in tasks: --profile) and the kernels that split
+    their work (GEMM, im2col, depthwise) show no data race at 2 and 4 threads, and their
+    outputs equal one thread's, bit for bit."""
     run_dir = zoo_build(model)
     inputs = _inputs(run_dir, tmp_path)
     outputs = {}
@@ -141,12 +142,13 @@ def test_thread_pool_and_kernels_under_thread_sanitizer(
         out.mkdir()
         res = subprocess.run(
             [str(thread_sanitized), str(run_dir / "model.pte"), *inputs, "--iters", "1",
-             "--warmup", "0", "--threads", str(threads), "--output-dir", str(out)],
+             "--warmup", "0", "--threads", str(threads), "--output-dir", str(out), "--profile"],
             capture_output=True, text=True, env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"},
             timeout=600,
         )  # fmt: skip
         assert "WARNING: ThreadSanitizer" not in res.stderr, res.stderr[-4000:]
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"threads: {threads}" in res.stdout
+        assert (threads > 1) == ("task_time: loops_per_run=" in res.stdout), res.stdout
         outputs[threads] = [p.read_bytes() for p in sorted(out.glob("output_*.etbt"))]
     assert outputs[1] and outputs[2] == outputs[1] and outputs[4] == outputs[1]
