@@ -135,13 +135,10 @@ bool ThreadPool::count_task_time(bool on) {
 }
 
 void ThreadPool::run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread) {
-  if (!counting_.load(std::memory_order_relaxed)) {
-    for (int64_t task = first; task < end; ++task) fn(ctx, task, thread);
-    return;
-  }
-  const uint64_t t0 = platform_now_ns();
+  const bool timed = counting_.load(std::memory_order_relaxed);
+  const uint64_t t0 = timed ? platform_now_ns() : 0;
   for (int64_t task = first; task < end; ++task) fn(ctx, task, thread);
-  task_ns_[thread].ns.fetch_add(platform_now_ns() - t0, std::memory_order_relaxed);
+  if (timed) task_ns_[thread].ns.fetch_add(platform_now_ns() - t0, std::memory_order_relaxed);
 }
 
 void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
