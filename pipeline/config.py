@@ -419,6 +419,9 @@ class LowerConfig:
     """The lower stage's choices."""
 
     attention: AttentionLowering = AttentionLowering.fused
+    # int8 expand -> depthwise -> project chains (MobileNet blocks) left to etbuild's runtime
+    # become one etb_quantized::expand_depthwise_project call (pipeline/quant/blocks.py).
+    fuse_blocks: bool = True
 
 
 @dataclass

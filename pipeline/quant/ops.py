@@ -45,6 +45,14 @@ SCHEMAS: dict[str, str] = {
     "conv2d": "Tensor input, float input_scale, int input_zero_point, Tensor weight, "
     "Tensor weight_scales, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
     "int groups, float output_scale, int output_zero_point, int output_min, int output_max",
+    "expand_depthwise_project": "Tensor input, float input_scale, int input_zero_point, "
+    "Tensor expand_weight, Tensor expand_weight_scales, Tensor? expand_bias, "
+    "float expanded_scale, int expanded_zero_point, int expanded_min, int expanded_max, "
+    "Tensor depthwise_weight, Tensor depthwise_weight_scales, Tensor? depthwise_bias, "
+    "int[] stride, int[] padding, float filtered_scale, int filtered_zero_point, "
+    "int filtered_min, int filtered_max, Tensor project_weight, Tensor project_weight_scales, "
+    "Tensor? project_bias, float output_scale, int output_zero_point, int output_min, "
+    "int output_max",
     "linear": "Tensor input, float input_scale, int input_zero_point, Tensor weight, "
     "Tensor weight_scales, Tensor? bias, float output_scale, int output_zero_point, "
     "int output_min, int output_max",
@@ -101,6 +109,17 @@ def conv2d(x, xs, xzp, w, ws, bias, stride, padding, dilation, groups, os_, ozp,
         x.to(torch.float64) - xzp, w.to(torch.float64), None, stride, padding, dilation, groups
     ).to(torch.int32)
     return requantize(acc, xs, ws, bias, os_, ozp, omin, omax, channel_dim=1)
+
+
+def expand_depthwise_project(x, xs, xzp, *args):
+    """Three conv2d: a pointwise expansion to E channels, a depthwise convolution over them
+    and a pointwise projection (one kernel call; the E-channel tensors stay in it)."""
+    we, wes, be, es, ezp, emin, emax = args[:7]
+    wd, wds, bd, stride, padding, fs, fzp, fmin, fmax = args[7:16]
+    wp, wps, bp, os_, ozp, omin, omax = args[16:]
+    e = conv2d(x, xs, xzp, we, wes, be, [1, 1], [0, 0], [1, 1], 1, es, ezp, emin, emax)
+    f = conv2d(e, es, ezp, wd, wds, bd, stride, padding, [1, 1], we.shape[0], fs, fzp, fmin, fmax)
+    return conv2d(f, fs, fzp, wp, wps, bp, [1, 1], [0, 0], [1, 1], 1, os_, ozp, omin, omax)
 
 
 def linear(x, xs, xzp, w, ws, bias, os_, ozp, omin, omax):
@@ -203,6 +222,7 @@ REFERENCE = {
     "quantize_per_tensor": quantize_per_tensor,
     "dequantize_per_tensor": dequantize_per_tensor,
     "conv2d": conv2d,
+    "expand_depthwise_project": expand_depthwise_project,
     "linear": linear,
     "dynamic_linear": dynamic_linear,
     "add": add,
@@ -223,6 +243,13 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 def _fake_conv2d(x, xs, xzp, w, ws, bias, stride, padding, dilation, groups, *_):
     shape = F.conv2d(_meta(x), _meta(w), None, stride, padding, dilation, groups).shape
     return x.new_empty(shape, dtype=torch.int8)
+
+
+def _fake_expand_depthwise_project(x, xs, xzp, we, wes, be, es, ezp, emin, emax, wd, *args):
+    stride, padding, wp = args[2], args[3], args[8]
+    e = x.new_empty((x.shape[0], we.shape[0], *x.shape[2:]), dtype=torch.int8)
+    f = _fake_conv2d(e, es, ezp, wd, None, None, stride, padding, [1, 1], we.shape[0])
+    return f.new_empty((f.shape[0], wp.shape[0], *f.shape[2:]), dtype=torch.int8)
 
 
 def _fake_mean(x, xs, xzp, dim, keepdim, *_):
@@ -252,6 +279,7 @@ FAKE = {
     "quantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.int8),
     "dequantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.float32),
     "conv2d": _fake_conv2d,
+    "expand_depthwise_project": _fake_expand_depthwise_project,
     "linear": lambda x, xs, xzp, w, *_: x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.int8),
     "dynamic_linear": lambda x, w, *_: x.new_empty((*x.shape[:-1], w.shape[0])),
     "add": lambda a, as_, azp, b, *_: a.new_empty(

@@ -2,21 +2,34 @@
 partitions, each replaced by one delegate call (pipeline/partition.py); then every op left
 outside a delegate is checked against ``ops_yaml/``.
 
-Without a partitioner the stage does nothing: the lower stage has checked every op.
+Without a partitioner the lower stage has checked every op. Either way the stage then fuses
+the int8 blocks that the runtime runs (``pipeline.lower.fuse_blocks``, pipeline/quant/blocks.py):
+after partitioning, so that a backend sees the separate convolutions it may take.
 """
 
 from __future__ import annotations
 
 from ..partition import Rules, load_backend, partition_graph
+from ..quant.blocks import fuse_blocks
 from ..runner import Context
 from .lower import check_ops
+
+
+def fuse_runtime_blocks(ctx: Context) -> int:
+    """Fuses the int8 blocks left to the runtime's kernels, when the config asks for it, and
+    counts the ops again; returns how many blocks were fused."""
+    g = ctx.artifacts["graph"]
+    fused = fuse_blocks(g) if ctx.cfg.pipeline.lower.fuse_blocks else 0
+    if fused:
+        ctx.artifacts["op_counts"] = check_ops(g)
+    return fused
 
 
 def run(ctx: Context) -> None:
     pcfg = ctx.cfg.partitioner
     if pcfg.name == "none":
         ctx.artifacts["partitions"] = None
-        ctx.summarize(partitions=0)
+        ctx.summarize(partitions=0, blocks_fused=fuse_runtime_blocks(ctx))
         return
     backend = load_backend(pcfg)
     rules = Rules(
@@ -31,6 +44,7 @@ def run(ctx: Context) -> None:
     ctx.artifacts["graph"] = g
     ctx.artifacts["op_counts"] = check_ops(g)
     ctx.artifacts["partitions"] = report.as_dict()
+    blocks = fuse_runtime_blocks(ctx)
     delegated = sum(p["flops"] for p in report.partitions)
     ctx.summarize(
         backend=backend.id,
@@ -38,4 +52,5 @@ def run(ctx: Context) -> None:
         delegated_ops=sum(sum(p["ops"].values()) for p in report.partitions),
         flops_share=f"{delegated / report.total_flops:.1%}" if report.total_flops else "0%",
         refused=sum(r["calls"] for r in report.refused),
+        blocks_fused=blocks,
     )

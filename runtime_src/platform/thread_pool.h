@@ -16,8 +16,11 @@ namespace etb {
 class ThreadMemory {
  public:
   /// Enough for the per-thread scratch of MobileNetV2's and ResNet18's kernels (a depthwise
-  /// convolution's padded planes, a depth half's packed operands, a run's panels of B).
-  static constexpr size_t kBytes = size_t(256) << 10;
+  /// convolution's padded planes, a depth half's packed operands, a run's panels of B, a
+  /// fused int8 block's band: up to 384 KiB of rows and its panels). MobileNetV2 int8 at 2
+  /// threads in the host's slow placement: 0.97x the time with 256 KiB, whose bands fell back
+  /// to temp memory.
+  static constexpr size_t kBytes = size_t(512) << 10;
   explicit ThreadMemory(int threads);
   /// Thread `thread`'s memory, or nullptr when the allocation failed (the kernels then use
   /// their temp memory).

@@ -46,7 +46,7 @@ def build_with_pipeline(
         ctx.artifacts["module"] = module.eval()
         ctx.artifacts["example_inputs"] = tuple(inputs)
 
-    wanted = ("export", "lower", "out_variant", "plan", "emit")
+    wanted = ("export", "lower", "partition", "out_variant", "plan", "emit")
     # The zoo's model stage with this module in place of its model: the same contract.
     model = dataclasses.replace(next(s for s in STAGES if s.name == "model"), fn=model_stage)
     stages = [model] + [s for s in STAGES if s.name in wanted]

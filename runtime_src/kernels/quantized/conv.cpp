@@ -70,29 +70,6 @@ struct ColumnTiles {
   }
 };
 
-// Per-output-channel requantization of a GEMM tile into int8 rows of length ldo.
-struct ConvEpilogue {
-  const int32_t* wsum;
-  const float* mult;
-  const float* bias;
-  int32_t xzp;
-  OutQuant q;
-  int8_t* out;
-  int64_t ldo;
-};
-
-void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
-               int64_t ld) {
-  // A copy of the epilogue: the int8 stores may alias anything the context points to, so with
-  // the context itself the compiler reloads and rebroadcasts its fields for every row.
-  const ConvEpilogue e = *static_cast<const ConvEpilogue*>(ctx);
-  for (int64_t i = 0; i < mr; ++i) {
-    const int64_t m = m0 + i;
-    requantize_row(acc + i * ld, nr, e.xzp * e.wsum[m], e.mult[m], e.bias[m], e.q,
-                   e.out + m * e.ldo + n0);
-  }
-}
-
 Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t xzp,
                      const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                      int8_t* y) {
@@ -130,15 +107,6 @@ Error conv_depthwise(KernelContext& ctx, const ConvShape& s, const int8_t* x, in
   return Error::Ok;
 }
 
-// Panels of depth K that a thread packs at a time on the column tiles path, within 32 KiB:
-// every sliver then writes group * qgemm_panel_columns() outputs a row (see qgemm_packed).
-// MobileNetV2's int8 first convolution (depth 27) at 2 threads: 0.84 of its time a panel at
-// a time with groups of 8 panels, and 0.92 of that again with 32 (these 32 KiB hold 36).
-int64_t panel_group(int64_t K) {
-  const int64_t group = int64_t(32 * 1024 / qgemm_panel_bytes(K));
-  return group > 1 ? group : 1;
-}
-
 // The im2col path as one parallel loop: the weights are widened once (unless `pw` has them),
 // then each task packs one column tile of one image and group into its thread's buffer and
 // multiplies it there.
@@ -148,7 +116,11 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
                         const ColumnTiles& ct, int8_t* y) {
   const int64_t cin_g = s.C / s.groups, oc_g = s.OC / s.groups, K = cin_g * s.KH * s.KW;
   const int64_t P = s.OH * s.OW, tiles = ct.count, pc = ct.widest();
-  const int64_t group = panel_group(K);
+  // Panels a thread packs at a time, within 32 KiB: every sliver then writes group *
+  // qgemm_panel_columns() outputs a row (see qgemm_packed). MobileNetV2's int8 first
+  // convolution (depth 27) at 2 threads: 0.84 of its time a panel at a time with groups of 8
+  // panels, and 0.92 of that again with 32 (these 32 KiB hold 36).
+  const int64_t group = qgemm_panel_group(K);
   const size_t col_bytes = (size_t(K * pc) + 63) / 64 * 64;  // then the group's panels
   const size_t per_thread = col_bytes + size_t(group) * qgemm_panel_bytes(K);
   const int threads = ctx.num_threads();

@@ -269,6 +269,27 @@ size_t thread_temp_bytes(const Planes& p) {
   return align64(size_t(plane_elems(p)) * sizeof(int16_t)) + align64(flat);
 }
 
+// Input channel plane `xc` into output channels [oc0, oc0 + mult_ch), output channel oc at
+// y + oc * y_stride, on one thread's scratch `mine` (whose padding and slack are zero).
+void channel_planes(const ConvShape& s, const Planes& p, PlaneFn fn, const int8_t* xc, int16_t zp,
+                    const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
+                    int64_t oc0, int64_t mult_ch, int8_t* y, int64_t y_stride, char* mine) {
+  const int64_t elems = plane_elems(p), KK = p.K * p.K;
+  int16_t* const p0 = reinterpret_cast<int16_t*>(mine);  // P, or E
+  int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;      // O
+  int8_t* flat = reinterpret_cast<int8_t*>(mine) + align64(size_t(elems) * sizeof(int16_t));
+  const int16_t* R[5];
+  for (int64_t kh = 0; kh < p.K; ++kh)
+    R[kh] = p.S == 1 ? p0 + kh * p.Wp : ((kh & 1) ? p1 : p0) + (kh / 2) * p.Wp;
+  for (int64_t ih = 0; ih < s.H; ++ih) {
+    const int64_t r = ih + s.ph;  // padded row
+    int16_t* d = p.S == 1 ? p0 + r * p.Wp : ((r & 1) ? p1 : p0) + (r / 2) * p.Wp;
+    widen_row(xc + ih * s.W, s.W, zp, d + s.pw);
+  }
+  for (int64_t oc = oc0; oc < oc0 + mult_ch; ++oc)
+    fn(R, p, s, w + oc * KK, mult[oc], bias[oc], q, flat, y + oc * y_stride);
+}
+
 }  // namespace
 
 bool depthwise_direct_supported(const ConvShape& s) {
@@ -285,34 +306,30 @@ void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t
                       const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                       int8_t* y, void* temp) {
   const Planes p = planes_of(s);
-  const size_t per_thread = thread_temp_bytes(p);
-  const int64_t elems = plane_elems(p);
   // Each thread's planes (their padding and slack stay zero).
-  ThreadScratch planes(ctx, temp, per_thread, size_t(elems) * sizeof(int16_t));
+  ThreadScratch planes(ctx, temp, thread_temp_bytes(p), size_t(plane_elems(p)) * sizeof(int16_t));
   const PlaneFn fn = plane_fn(p.K, p.S);
-  const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = p.K * p.K;
+  const int64_t HW = s.H * s.W, P = s.OH * s.OW;
   const int64_t mult_ch = s.OC / s.groups;  // output channels per input channel
-  const int16_t zp = int16_t(xzp);
   // The threads split the input channels, each with its own planes.
   auto channel = [&](int64_t task, int thread) {
-    char* mine = planes.slice(thread);
-    int16_t* const p0 = reinterpret_cast<int16_t*>(mine);  // P, or E
-    int16_t* const p1 = p0 + p.rows0 * p.Wp + kSlack;      // O
-    int8_t* flat = reinterpret_cast<int8_t*>(mine) + align64(size_t(elems) * sizeof(int16_t));
-    const int16_t* R[5];
-    for (int64_t kh = 0; kh < p.K; ++kh)
-      R[kh] = p.S == 1 ? p0 + kh * p.Wp : ((kh & 1) ? p1 : p0) + (kh / 2) * p.Wp;
     const int64_t n = task / s.C, c = task % s.C;
-    const int8_t* xc = x + (n * s.C + c) * HW;
-    for (int64_t ih = 0; ih < s.H; ++ih) {
-      const int64_t r = ih + s.ph;  // padded row
-      int16_t* d = p.S == 1 ? p0 + r * p.Wp : ((r & 1) ? p1 : p0) + (r / 2) * p.Wp;
-      widen_row(xc + ih * s.W, s.W, zp, d + s.pw);
-    }
-    for (int64_t oc = c * mult_ch; oc < (c + 1) * mult_ch; ++oc)
-      fn(R, p, s, w + oc * KK, mult[oc], bias[oc], q, flat, y + (n * s.OC + oc) * P);
+    channel_planes(s, p, fn, x + (n * s.C + c) * HW, int16_t(xzp), w, mult, bias, q, c * mult_ch,
+                   mult_ch, y + n * s.OC * P, P, planes.slice(thread));
   };
   ctx.parallel_for(s.N * s.C, channel);
+}
+
+void depthwise_direct_serial(const ConvShape& s, const int8_t* x, int64_t x_stride, int32_t xzp,
+                             const int8_t* w, const float* mult, const float* bias,
+                             const OutQuant& q, int8_t* y, int64_t y_stride, void* temp) {
+  const Planes p = planes_of(s);
+  std::memset(temp, 0, size_t(plane_elems(p)) * sizeof(int16_t));
+  const PlaneFn fn = plane_fn(p.K, p.S);
+  const int64_t mult_ch = s.OC / s.groups;
+  for (int64_t c = 0; c < s.C; ++c)
+    channel_planes(s, p, fn, x + c * x_stride, int16_t(xzp), w, mult, bias, q, c * mult_ch, mult_ch,
+                   y, y_stride, static_cast<char*>(temp));
 }
 
 }  // namespace quantized

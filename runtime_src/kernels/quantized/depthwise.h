@@ -28,5 +28,13 @@ void depthwise_direct(const KernelContext& ctx, const ConvShape& s, const int8_t
                       const int8_t* w, const float* mult, const float* bias, const OutQuant& q,
                       int8_t* y, void* temp);
 
+/// depthwise_direct on the calling thread for one image whose input channel c starts at
+/// x + c * x_stride (rows of s.W) and whose output channel oc goes to y + oc * y_stride
+/// (rows of s.OW): a band of rows of a bigger tensor. `temp` holds
+/// depthwise_direct_temp_bytes(s, 1) bytes, 64-byte aligned; any contents.
+void depthwise_direct_serial(const ConvShape& s, const int8_t* x, int64_t x_stride, int32_t xzp,
+                             const int8_t* w, const float* mult, const float* bias,
+                             const OutQuant& q, int8_t* y, int64_t y_stride, void* temp);
+
 }  // namespace quantized
 }  // namespace etb

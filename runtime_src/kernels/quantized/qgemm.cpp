@@ -652,6 +652,11 @@ void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t*
   kctx.parallel_for((M + kMR - 1) / kMR, rows);
 }
 
+int64_t qgemm_panel_group(int64_t K) {
+  const int64_t group = int64_t(32 * 1024 / qgemm_panel_bytes(K));
+  return group > 1 ? group : 1;
+}
+
 void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
                   int64_t b_sk, int64_t b_sn, int16_t* panels, int64_t group, QTileFn fn,
                   void* ctx) {
@@ -836,10 +841,15 @@ size_t packed_group_bytes(int64_t M, int64_t K, int64_t taps) {
 }
 }  // namespace
 
+size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack, int64_t taps) {
+  return align64(packed_offset(groups, M) +
+                 (pack ? size_t(groups) * packed_group_bytes(M, K, taps) : 0));
+}
+
 void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
                      bool pack, int64_t taps) {
   const size_t a_bytes = packed_group_bytes(M, K, taps);
-  void* mem = pctx.take(packed_offset(groups, M) + (pack ? size_t(groups) * a_bytes : 0));
+  void* mem = pctx.take(prepared_weights_bytes(groups, M, K, pack, taps));
   if (mem == nullptr) return;  // the sizing pass
   new (mem) PreparedHeader{groups, M, K, pack ? 1 : 0, taps};
   char* base = static_cast<char*>(mem);

@@ -38,6 +38,9 @@ struct PreparedWeights {
 /// K / taps channels x `taps` taps.
 void prepare_weights(PrepareContext& pctx, int64_t groups, int64_t M, int64_t K, const int8_t* A,
                      bool pack, int64_t taps = 0);
+/// Bytes that prepare_weights takes for these arguments (a multiple of 64): a hook that
+/// prepares two matrices finds the second block this far after the first.
+size_t prepared_weights_bytes(int64_t groups, int64_t M, int64_t K, bool pack, int64_t taps = 0);
 /// The block at `mem` (KernelContext::prepared()) that prepare_weights filled, or an empty
 /// view when there is none or it was filled for another shape (the kernel then works from
 /// the weights themselves). The packed rows are given only when they were packed for the
@@ -90,6 +93,8 @@ size_t qgemm_packed_a_bytes(int64_t M, int64_t K);
 size_t qgemm_panel_bytes(int64_t K);
 void qgemm_pack_a(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
                   int16_t* out);
+/// Panels of depth K that fit in 32 KiB (at least one): a `group` for qgemm_packed.
+int64_t qgemm_panel_group(int64_t K);
 void qgemm_packed(int64_t M, int64_t N, int64_t K, const int16_t* apack, const int8_t* B,
                   int64_t b_sk, int64_t b_sn, int16_t* panels, int64_t group, QTileFn fn,
                   void* ctx);

@@ -170,5 +170,29 @@ inline Error check_channel_params(const Tensor& scales, const Tensor* bias, int6
   return Error::Ok;
 }
 
+/// A convolution's per-output-channel requantization of GEMM tiles (qgemm's QTileFn
+/// conv_tile): output channel m's sums, less xzp * wsum[m], go to int8 row out + m * ldo.
+struct ConvEpilogue {
+  const int32_t* wsum;
+  const float* mult;
+  const float* bias;
+  int32_t xzp;
+  OutQuant q;
+  int8_t* out;
+  int64_t ldo;
+};
+
+inline void conv_tile(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                      int64_t ld) {
+  // A copy of the epilogue: the int8 stores may alias anything the context points to, so with
+  // the context itself the compiler reloads and rebroadcasts its fields for every row.
+  const ConvEpilogue e = *static_cast<const ConvEpilogue*>(ctx);
+  for (int64_t i = 0; i < mr; ++i) {
+    const int64_t m = m0 + i;
+    requantize_row(acc + i * ld, nr, e.xzp * e.wsum[m], e.mult[m], e.bias[m], e.q,
+                   e.out + m * e.ldo + n0);
+  }
+}
+
 }  // namespace quantized
 }  // namespace etb

@@ -1,0 +1,199 @@
+"""etb_quantized::expand_depthwise_project: a pointwise expansion, a depthwise convolution and
+a pointwise projection in one kernel call, a band of rows at a time. Its output must be
+exactly the reference's (three conv2d), whatever the bands, threads and padding rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("torchao")
+
+from test_quantized import Op, i8, run_exact, weight_scales  # noqa: E402
+
+from etbuild.pipeline.quant import ops as qops  # noqa: E402
+
+Q = qops.ops
+
+
+def _scale_for(acc: torch.Tensor, mult: torch.Tensor) -> float:
+    """An output scale that puts the stage's values about 40 codes from zero on average, so
+    that every stage's int8 tensor varies (neither all clamped nor all zero)."""
+    y = acc * mult.reshape(1, -1, 1, 1)
+    return float(y.std()) / 40 + 1e-6
+
+
+def block_case(seed: int, n, c, h, w, e, o, k, stride, pad) -> tuple[dict, torch.Tensor]:
+    """A block's arguments, each stage's output scale chosen from its actual values."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = i8((n, c, h, w), gen)
+    a = dict(xs=rng.uniform(0.01, 0.1), xzp=rng.choice([-128, -7, 0, 12]))
+    a["we"] = i8((e, c, 1, 1), gen, -127, 127)
+    a["wd"] = i8((e, 1, k, k), gen, -127, 127)
+    a["wp"] = i8((o, e, 1, 1), gen, -127, 127)
+    a["wes"], a["wds"], a["wps"] = (weight_scales(rng, gen, ch) for ch in (e, e, o))
+    a["be"] = None if rng.random() < 0.3 else torch.randn(e, generator=gen)
+    a["bd"] = torch.randn(e, generator=gen)
+    a["bp"] = None if rng.random() < 0.5 else torch.randn(o, generator=gen)
+    a["stride"], a["padding"] = [stride, stride], [pad, pad]
+    # Each stage's scale from its accumulators; ReLU6-like clamps on the first two (as in
+    # MobileNetV2), a plain output (the projection is linear).
+    acc = F.conv2d(x.double() - a["xzp"], a["we"].double()).float()
+    a["es"] = _scale_for(acc, a["xs"] * a["wes"])
+    a["ezp"] = rng.choice([-128, -100, 0])
+    a["emin"], a["emax"] = a["ezp"], min(127, a["ezp"] + 200)
+    ex = qops.conv2d(x, a["xs"], a["xzp"], a["we"], a["wes"], a["be"], [1, 1], [0, 0], [1, 1], 1,
+                     a["es"], a["ezp"], a["emin"], a["emax"])  # fmt: skip
+    acc = F.conv2d(ex.double() - a["ezp"], a["wd"].double(), None, stride, pad, 1, e).float()
+    a["fs"] = _scale_for(acc, a["es"] * a["wds"])
+    a["fzp"] = rng.choice([-128, -3, 0])
+    a["fmin"], a["fmax"] = a["fzp"], 127
+    fi = qops.conv2d(ex, a["es"], a["ezp"], a["wd"], a["wds"], a["bd"], a["stride"],
+                     a["padding"], [1, 1], e, a["fs"], a["fzp"], a["fmin"], a["fmax"])  # fmt: skip
+    acc = F.conv2d(fi.double() - a["fzp"], a["wp"].double()).float()
+    a["os"] = _scale_for(acc, a["fs"] * a["wps"])
+    a["ozp"] = rng.choice([-5, 0, 9])
+    return a, x
+
+
+def block_module(a: dict) -> Op:
+    return Op(
+        lambda m, x: Q.expand_depthwise_project(
+            x,
+            a["xs"],
+            a["xzp"],
+            m.we,
+            m.wes,
+            m.c("be"),
+            a["es"],
+            a["ezp"],
+            a["emin"],
+            a["emax"],
+            m.wd,
+            m.wds,
+            m.c("bd"),
+            a["stride"],
+            a["padding"],
+            a["fs"],
+            a["fzp"],
+            a["fmin"],
+            a["fmax"],
+            m.wp,
+            m.wps,
+            m.c("bp"),
+            a["os"],
+            a["ozp"],
+            -128,
+            127,
+        ),  # fmt: skip
+        **{k: a[k] for k in ("we", "wes", "be", "wd", "wds", "bd", "wp", "wps", "bp")},
+    )
+
+
+def check_block(rt, pipeline_program, shape, threads: int, seed: int = 0) -> None:
+    a, x = block_case(seed, *shape)
+    module = block_module(a)
+    want = module(x)
+    # A comparison of outputs that are all one value would prove nothing.
+    assert want.float().std() > 10 and len(torch.unique(want)) > 50, want.float().std()
+    run_exact(rt, pipeline_program, module, [x], threads=threads)
+
+
+SHAPES = [
+    # n, c, h, w, e, o, k, stride, pad
+    (1, 16, 112, 112, 96, 24, 3, 2, 1),  # MobileNetV2's first expanding block: many bands
+    (1, 24, 56, 56, 144, 24, 3, 1, 1),  # a stride-1 block: bands share two expanded rows
+    (2, 8, 23, 17, 48, 12, 3, 2, 1),  # two images, odd sizes: the last row's taps pad
+    (1, 5, 19, 21, 30, 7, 5, 1, 2),  # 5x5, padding 2: two padding rows at each end
+    (1, 6, 20, 13, 24, 9, 5, 2, 0),  # no padding, stride 2: a band reads rows to the end
+    (1, 3, 3, 3, 8, 5, 3, 1, 2),  # a plane smaller than its padding
+    (1, 32, 9, 70, 600, 16, 3, 1, 1),  # wide rows of many channels: a band of one row
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(i) for i in range(len(SHAPES))])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_block_equals_three_convolutions(rt, pipeline_program, shape, threads):
+    check_block(rt, pipeline_program, shape, threads)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_randomized(rt, pipeline_program, seed):
+    rng = random.Random(100 + seed)
+    k = rng.choice([3, 5])
+    shape = (rng.choice([1, 2]), rng.choice([4, 16, 24]), rng.randint(k, 40),
+             rng.randint(k, 40), rng.choice([24, 96, 144]), rng.choice([8, 24, 40]), k,
+             rng.choice([1, 2]), rng.randint(0, k - 1))  # fmt: skip
+    check_block(rt, pipeline_program, shape, threads=rng.choice([1, 3]), seed=seed)
+
+
+def test_a_depthwise_kernel_it_has_no_path_for_is_an_error(rt, pipeline_program):
+    a, x = block_case(0, 1, 4, 10, 10, 8, 4, 3, 1, 1)
+    a["wd"] = i8((8, 1, 4, 4), torch.Generator().manual_seed(1), -127, 127)
+    prog = rt.load(str(pipeline_program(block_module(a), [x])))
+    with pytest.raises(
+        rt.Error, match=r"expand_depthwise_project: the block needs .* a 3x3 or 5x5"
+    ):
+        prog.run([x])
+
+
+# ---- the pipeline's fusion of three conv2d calls (pipeline/quant/blocks.py) --------------
+
+
+def chain_module(a: dict, dilation: int = 1, also_expanded: bool = False) -> Op:
+    """The block as three conv2d calls; ``also_expanded`` returns the expanded tensor too."""
+
+    def forward(m, x):
+        e = Q.conv2d(x, a["xs"], a["xzp"], m.we, m.wes, m.c("be"), [1, 1], [0, 0], [1, 1], 1,
+                     a["es"], a["ezp"], a["emin"], a["emax"])  # fmt: skip
+        f = Q.conv2d(e, a["es"], a["ezp"], m.wd, m.wds, m.c("bd"), a["stride"], a["padding"],
+                     [dilation, dilation], m.wd.shape[0], a["fs"], a["fzp"], a["fmin"],
+                     a["fmax"])  # fmt: skip
+        y = Q.conv2d(f, a["fs"], a["fzp"], m.wp, m.wps, m.c("bp"), [1, 1], [0, 0], [1, 1], 1,
+                     a["os"], a["ozp"], -128, 127)  # fmt: skip
+        return (y, e) if also_expanded else y
+
+    return Op(forward, **{k: a[k] for k in ("we", "wes", "be", "wd", "wds", "bd", "wp", "wps",
+                                               "bp")})  # fmt: skip
+
+
+def kernels_run(rt, pte, x) -> list[str]:
+    prog = rt.load(str(pte))
+    prog.run([x], profile=True)
+    return [name for name, _ in prog.last_profile]
+
+
+def test_pipeline_fuses_a_chain_into_one_exact_call(rt, pipeline_program):
+    a, x = block_case(3, 1, 16, 30, 30, 96, 24, 3, 1, 1)
+    module = chain_module(a)
+    pte = pipeline_program(module, [x])
+    names = kernels_run(rt, pte, x)
+    assert names == ["etb_quantized::expand_depthwise_project.out"], names
+    run_exact(rt, pipeline_program, module, [x], threads=2)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["expanded_is_an_output", "small_plane", "dilated_depthwise", "switched_off"],
+)
+def test_pipeline_leaves_chains_it_must_not_fuse(rt, tmp_path, case):
+    from rt_helpers import build_with_pipeline
+
+    side = 20 if case == "small_plane" else 30  # 20x20 < 28x28
+    a, x = block_case(4, 1, 8, side, side, 48, 16, 3, 1, 2 if case == "dilated_depthwise" else 1)
+    module = chain_module(a, dilation=2 if case == "dilated_depthwise" else 1,
+                          also_expanded=case == "expanded_is_an_output")  # fmt: skip
+    overrides = ["model.dynamic_dims=[]"]
+    if case == "switched_off":
+        overrides.append("pipeline.lower.fuse_blocks=false")
+    pte = build_with_pipeline(module, [x], tmp_path / "run", overrides)
+    assert kernels_run(rt, pte, x) == ["etb_quantized::conv2d.out"] * 3
+    module.eval()
+    want = module(x)
+    got = rt.load(str(pte)).run([x])
+    for g, w in zip(got, want if isinstance(want, tuple) else (want,), strict=True):
+        assert torch.equal(g, w)
