@@ -30,8 +30,8 @@ constexpr const char* kOp = "etb_quantized::expand_depthwise_project";
 // A band's expanded and filtered rows within this budget: on hosts, inside a core's L2 with
 // room to spare (Zen 5's 1 MiB; a phone's big core has 512 KiB to 1 MiB). Each band costs a
 // setup per channel, so bands as big as the cache allows: MobileNetV2 int8's fused blocks at
-// one thread (AVX-512) took 1.06x the three convolutions' time in bands of 160 KiB and 1.00x
-// in bands of 384 KiB. On bare metal, little RAM.
+// one thread (AVX-512) took 1.06x and 1.12x the three convolutions' time (two runs) in bands
+// of 160 KiB, 0.99x and 1.01x in bands of 384 KiB. On bare metal, little RAM.
 #if defined(ETB_BARE_METAL)
 constexpr int64_t kBandBytes = 16 * 1024;
 #else
