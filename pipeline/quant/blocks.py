@@ -1,16 +1,18 @@
-"""Fuse int8 expand -> depthwise -> project chains into one ``expand_depthwise_project`` call.
+"""Fuse int8 chains of convolutions into one ``expand_depthwise_project`` (or
+``depthwise_project``) call.
 
 MobileNet-style blocks widen their channels with a pointwise convolution (6x in MobileNetV2),
-filter each channel with a depthwise convolution and project back with a pointwise one. Run
-as three ``conv2d`` calls, the two wide tensors between them are written to and read back from
-the program's memory, and the memory plan must hold the widest of them. The fused kernel
+filter each channel with a depthwise convolution and project back with a pointwise one;
+depthwise-separable layers (MobileNetV1, MobileNetV2's first block) are the last two. Run as
+separate ``conv2d`` calls, the wide tensors between them are written to and read back from the
+program's memory, and the memory plan must hold the widest of them. The fused kernel
 (runtime_src/kernels/quantized/expand_depthwise_project.cpp) keeps them in per-thread scratch a
 band of rows at a time, with bit-identical results.
 
 The pass runs on the ops left to etbuild's runtime (after partitioning): a chain fuses when
 each inner tensor feeds only the next convolution and the depthwise convolution has a shape the
 kernel's direct path takes (a square 3x3 or 5x5 kernel, one stride of 1 or 2, one padding
-below the kernel size, no dilation), on a plane of at least ``MIN_PLANE`` pixels.
+below the kernel size, no dilation), on an input plane of at least ``MIN_PLANE`` pixels.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from . import ops as qops
 
 E = qops.ops
 
-# Expanded planes smaller than this stay three calls: their tensors are small enough to stay
-# in cache anyway, and a band's per-row costs (the rows a band shares with the one before it,
-# the per-channel setup of the depthwise planes) outweigh what fusing saves. MobileNetV2 int8
-# at 224x224: the 28x28 blocks and bigger gain from fusing, the 14x14 and 7x7 ones lose.
+# Depthwise input planes smaller than this stay separate calls: their tensors are small enough
+# to stay in cache anyway, and a band's per-row costs (the rows a band shares with the one
+# before it, the per-channel setup of the depthwise planes) outweigh what fusing saves.
+# MobileNetV2 int8 at 224x224: the 28x28 blocks and bigger gain from fusing, the 14x14 and
+# 7x7 ones lose (1.13x their time at one thread, AVX-512).
 MIN_PLANE = 28 * 28
 
 
@@ -80,41 +83,48 @@ def _sole_user(node: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _fusable_input(g: Graph, conv: fx.Node, kind) -> fx.Node | None:
+    """The conv2d that makes ``conv``'s input, when it is of ``kind`` (a check of the node and
+    its output's channel count), feeds nothing else, and wrote the quantization ``conv`` reads
+    (as lowered)."""
+    src = _conv(conv.args[0])
+    shape = _shape(src) if src is not None else None
+    if src is None or shape is None or _sole_user(src) is not conv:
+        return None
+    return src if kind(g, src, shape[1]) and conv.args[1:3] == src.args[10:12] else None
+
+
 def fuse_blocks(g: Graph) -> int:
-    """Replaces every fusable int8 expand -> depthwise -> project chain in ``g``; returns how
-    many."""
+    """Replaces every fusable int8 chain in ``g`` (expand -> depthwise -> project, or
+    depthwise -> project) by one call; returns how many."""
     fused = 0
     for project in g.call_nodes():
-        if _conv(project) is None or not _pointwise(g, project):
+        if _conv(project) is None or not _pointwise(g, project) or _shape(project) is None:
             continue
-        depthwise = _conv(project.args[0])
-        expand = _conv(depthwise.args[0]) if depthwise is not None else None
-        if expand is None or not _pointwise(g, expand):
+        depthwise = _fusable_input(g, project, _depthwise)
+        if depthwise is None:
             continue
-        if _sole_user(expand) is not depthwise or _sole_user(depthwise) is not project:
+        expand = _fusable_input(g, depthwise, lambda g, n, _c: _pointwise(g, n))
+        x = (expand if expand is not None else depthwise).args[0]
+        plane = _shape(depthwise.args[0])  # the depthwise convolution's input
+        if plane is None or plane[2] * plane[3] < MIN_PLANE or _shape(x) is None:
             continue
-        shapes = [_shape(n) for n in (expand.args[0], expand, depthwise, project)]
-        if any(s is None for s in shapes) or shapes[1][2] * shapes[1][3] < MIN_PLANE:
-            continue
-        if not _depthwise(g, depthwise, shapes[1][1]):
-            continue
-        # Each convolution reads its input quantized as the one before wrote it (as lowered).
-        if depthwise.args[1:3] != expand.args[10:12] or project.args[1:3] != depthwise.args[10:12]:
-            continue
-        x, xs, xzp, we, wes, be, *_ = expand.args
-        es, ezp, emin, emax = expand.args[10:14]
         wd, wds, bd, stride, padding = depthwise.args[3:8]
-        fs, fzp, fmin, fmax = depthwise.args[10:14]
-        wp, wps, bp = project.args[3:6]
-        os_, ozp, omin, omax = project.args[10:14]
         s, p = _square(stride), _square(padding)
-        args = (x, xs, xzp, we, wes, be, es, ezp, emin, emax, wd, wds, bd, [s, s], [p, p],
-                fs, fzp, fmin, fmax, wp, wps, bp, os_, ozp, omin, omax)  # fmt: skip
+        tail = (wd, wds, bd, [s, s], [p, p], *depthwise.args[10:14], *project.args[3:6],
+                *project.args[10:14])  # fmt: skip
+        if expand is not None:  # its input, weights and output quantization, then the rest
+            args = (*expand.args[:6], *expand.args[10:14], *tail)
+            target = E.expand_depthwise_project.default
+        else:
+            args = (*depthwise.args[:3], *tail)
+            target = E.depthwise_project.default
         with g.fx_graph.inserting_before(project):
-            block = g.fx_graph.call_function(E.expand_depthwise_project.default, args)
+            block = g.fx_graph.call_function(target, args)
         block.meta = dict(project.meta)
         project.replace_all_uses_with(block)
         for n in (project, depthwise, expand):
-            g.fx_graph.erase_node(n)
+            if n is not None:
+                g.fx_graph.erase_node(n)
         fused += 1
     return fused

@@ -53,6 +53,12 @@ SCHEMAS: dict[str, str] = {
     "int filtered_min, int filtered_max, Tensor project_weight, Tensor project_weight_scales, "
     "Tensor? project_bias, float output_scale, int output_zero_point, int output_min, "
     "int output_max",
+    "depthwise_project": "Tensor input, float input_scale, int input_zero_point, "
+    "Tensor depthwise_weight, Tensor depthwise_weight_scales, Tensor? depthwise_bias, "
+    "int[] stride, int[] padding, float filtered_scale, int filtered_zero_point, "
+    "int filtered_min, int filtered_max, Tensor project_weight, Tensor project_weight_scales, "
+    "Tensor? project_bias, float output_scale, int output_zero_point, int output_min, "
+    "int output_max",
     "linear": "Tensor input, float input_scale, int input_zero_point, Tensor weight, "
     "Tensor weight_scales, Tensor? bias, float output_scale, int output_zero_point, "
     "int output_min, int output_max",
@@ -115,10 +121,15 @@ def expand_depthwise_project(x, xs, xzp, *args):
     """Three conv2d: a pointwise expansion to E channels, a depthwise convolution over them
     and a pointwise projection (one kernel call; the E-channel tensors stay in it)."""
     we, wes, be, es, ezp, emin, emax = args[:7]
-    wd, wds, bd, stride, padding, fs, fzp, fmin, fmax = args[7:16]
-    wp, wps, bp, os_, ozp, omin, omax = args[16:]
     e = conv2d(x, xs, xzp, we, wes, be, [1, 1], [0, 0], [1, 1], 1, es, ezp, emin, emax)
-    f = conv2d(e, es, ezp, wd, wds, bd, stride, padding, [1, 1], we.shape[0], fs, fzp, fmin, fmax)
+    return depthwise_project(e, es, ezp, *args[7:])
+
+
+def depthwise_project(x, xs, xzp, *args):
+    """Two conv2d: a depthwise convolution and a pointwise projection (one kernel call)."""
+    wd, wds, bd, stride, padding, fs, fzp, fmin, fmax = args[:9]
+    wp, wps, bp, os_, ozp, omin, omax = args[9:]
+    f = conv2d(x, xs, xzp, wd, wds, bd, stride, padding, [1, 1], wd.shape[0], fs, fzp, fmin, fmax)
     return conv2d(f, fs, fzp, wp, wps, bp, [1, 1], [0, 0], [1, 1], 1, os_, ozp, omin, omax)
 
 
@@ -223,6 +234,7 @@ REFERENCE = {
     "dequantize_per_tensor": dequantize_per_tensor,
     "conv2d": conv2d,
     "expand_depthwise_project": expand_depthwise_project,
+    "depthwise_project": depthwise_project,
     "linear": linear,
     "dynamic_linear": dynamic_linear,
     "add": add,
@@ -245,10 +257,14 @@ def _fake_conv2d(x, xs, xzp, w, ws, bias, stride, padding, dilation, groups, *_)
     return x.new_empty(shape, dtype=torch.int8)
 
 
-def _fake_expand_depthwise_project(x, xs, xzp, we, wes, be, es, ezp, emin, emax, wd, *args):
-    stride, padding, wp = args[2], args[3], args[8]
+def _fake_expand_depthwise_project(x, xs, xzp, we, wes, be, es, ezp, emin, emax, *args):
     e = x.new_empty((x.shape[0], we.shape[0], *x.shape[2:]), dtype=torch.int8)
-    f = _fake_conv2d(e, es, ezp, wd, None, None, stride, padding, [1, 1], we.shape[0])
+    return _fake_depthwise_project(e, es, ezp, *args)
+
+
+def _fake_depthwise_project(x, xs, xzp, wd, wds, bd, stride, padding, *args):
+    wp = args[4]
+    f = _fake_conv2d(x, xs, xzp, wd, wds, bd, stride, padding, [1, 1], wd.shape[0])
     return f.new_empty((f.shape[0], wp.shape[0], *f.shape[2:]), dtype=torch.int8)
 
 
@@ -280,6 +296,7 @@ FAKE = {
     "dequantize_per_tensor": lambda x, *_: torch.empty_like(x, dtype=torch.float32),
     "conv2d": _fake_conv2d,
     "expand_depthwise_project": _fake_expand_depthwise_project,
+    "depthwise_project": _fake_depthwise_project,
     "linear": lambda x, xs, xzp, w, *_: x.new_empty((*x.shape[:-1], w.shape[0]), dtype=torch.int8),
     "dynamic_linear": lambda x, w, *_: x.new_empty((*x.shape[:-1], w.shape[0])),
     "add": lambda a, as_, azp, b, *_: a.new_empty(

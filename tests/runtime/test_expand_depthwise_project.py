@@ -26,8 +26,11 @@ def _scale_for(acc: torch.Tensor, mult: torch.Tensor) -> float:
     return float(y.std()) / 40 + 1e-6
 
 
-def block_case(seed: int, n, c, h, w, e, o, k, stride, pad) -> tuple[dict, torch.Tensor]:
-    """A block's arguments, each stage's output scale chosen from its actual values."""
+def block_case(
+    seed: int, n, c, h, w, e, o, k, stride, pad, separable: bool = False
+) -> tuple[dict, torch.Tensor]:
+    """A block's arguments, each stage's output scale chosen from its actual values;
+    ``separable`` (e == c): those of a depthwise_project, whose depthwise stage reads x."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     x = i8((n, c, h, w), gen)
@@ -48,6 +51,8 @@ def block_case(seed: int, n, c, h, w, e, o, k, stride, pad) -> tuple[dict, torch
     a["emin"], a["emax"] = a["ezp"], min(127, a["ezp"] + 200)
     ex = qops.conv2d(x, a["xs"], a["xzp"], a["we"], a["wes"], a["be"], [1, 1], [0, 0], [1, 1], 1,
                      a["es"], a["ezp"], a["emin"], a["emax"])  # fmt: skip
+    if separable:
+        ex, a["es"], a["ezp"] = x, a["xs"], a["xzp"]
     acc = F.conv2d(ex.double() - a["ezp"], a["wd"].double(), None, stride, pad, 1, e).float()
     a["fs"] = _scale_for(acc, a["es"] * a["wds"])
     a["fzp"] = rng.choice([-128, -3, 0])
@@ -60,37 +65,27 @@ def block_case(seed: int, n, c, h, w, e, o, k, stride, pad) -> tuple[dict, torch
     return a, x
 
 
+def _tail(m: Op, a: dict) -> tuple:
+    """The depthwise and projection arguments that both ops end with."""
+    return (m.wd, m.wds, m.c("bd"), a["stride"], a["padding"], a["fs"], a["fzp"], a["fmin"],
+            a["fmax"], m.wp, m.wps, m.c("bp"), a["os"], a["ozp"], -128, 127)  # fmt: skip
+
+
 def block_module(a: dict) -> Op:
+    def forward(m, x):
+        head = (x, a["xs"], a["xzp"], m.we, m.wes, m.c("be"), a["es"], a["ezp"], a["emin"],
+                a["emax"])  # fmt: skip
+        return Q.expand_depthwise_project(*head, *_tail(m, a))
+
+    weights = ("we", "wes", "be", "wd", "wds", "bd", "wp", "wps", "bp")
+    return Op(forward, **{k: a[k] for k in weights})
+
+
+def separable_module(a: dict) -> Op:
+    """depthwise_project on the block's input (a case whose depthwise stage reads it)."""
     return Op(
-        lambda m, x: Q.expand_depthwise_project(
-            x,
-            a["xs"],
-            a["xzp"],
-            m.we,
-            m.wes,
-            m.c("be"),
-            a["es"],
-            a["ezp"],
-            a["emin"],
-            a["emax"],
-            m.wd,
-            m.wds,
-            m.c("bd"),
-            a["stride"],
-            a["padding"],
-            a["fs"],
-            a["fzp"],
-            a["fmin"],
-            a["fmax"],
-            m.wp,
-            m.wps,
-            m.c("bp"),
-            a["os"],
-            a["ozp"],
-            -128,
-            127,
-        ),  # fmt: skip
-        **{k: a[k] for k in ("we", "wes", "be", "wd", "wds", "bd", "wp", "wps", "bp")},
+        lambda m, x: Q.depthwise_project(x, a["xs"], a["xzp"], *_tail(m, a)),
+        **{k: a[k] for k in ("wd", "wds", "bd", "wp", "wps", "bp")},
     )
 
 
@@ -131,6 +126,17 @@ def test_block_randomized(rt, pipeline_program, seed):
     check_block(rt, pipeline_program, shape, threads=rng.choice([1, 3]), seed=seed)
 
 
+@pytest.mark.parametrize("shape", SHAPES[:6], ids=[str(i) for i in range(6)])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_depthwise_project_equals_two_convolutions(rt, pipeline_program, shape, threads):
+    n, c, h, w, _e, o, k, stride, pad = shape
+    a, x = block_case(1, n, c, h, w, c, o, k, stride, pad, separable=True)
+    module = separable_module(a)
+    want = module(x)
+    assert want.float().std() > 10 and len(torch.unique(want)) > 50, want.float().std()
+    run_exact(rt, pipeline_program, module, [x], threads=threads)
+
+
 def test_a_depthwise_kernel_it_has_no_path_for_is_an_error(rt, pipeline_program):
     a, x = block_case(0, 1, 4, 10, 10, 8, 4, 3, 1, 1)
     a["wd"] = i8((8, 1, 4, 4), torch.Generator().manual_seed(1), -127, 127)
@@ -144,12 +150,17 @@ def test_a_depthwise_kernel_it_has_no_path_for_is_an_error(rt, pipeline_program)
 # ---- the pipeline's fusion of three conv2d calls (pipeline/quant/blocks.py) --------------
 
 
-def chain_module(a: dict, dilation: int = 1, also_expanded: bool = False) -> Op:
-    """The block as three conv2d calls; ``also_expanded`` returns the expanded tensor too."""
+def chain_module(
+    a: dict, dilation: int = 1, also_expanded: bool = False, expand: bool = True
+) -> Op:
+    """The block as three conv2d calls (two without ``expand``); ``also_expanded`` returns the
+    expanded tensor too."""
 
     def forward(m, x):
-        e = Q.conv2d(x, a["xs"], a["xzp"], m.we, m.wes, m.c("be"), [1, 1], [0, 0], [1, 1], 1,
-                     a["es"], a["ezp"], a["emin"], a["emax"])  # fmt: skip
+        e = x
+        if expand:
+            e = Q.conv2d(x, a["xs"], a["xzp"], m.we, m.wes, m.c("be"), [1, 1], [0, 0], [1, 1],
+                         1, a["es"], a["ezp"], a["emin"], a["emax"])  # fmt: skip
         f = Q.conv2d(e, a["es"], a["ezp"], m.wd, m.wds, m.c("bd"), a["stride"], a["padding"],
                      [dilation, dilation], m.wd.shape[0], a["fs"], a["fzp"], a["fmin"],
                      a["fmax"])  # fmt: skip
@@ -176,11 +187,20 @@ def test_pipeline_fuses_a_chain_into_one_exact_call(rt, pipeline_program):
     run_exact(rt, pipeline_program, module, [x], threads=2)
 
 
+def test_pipeline_fuses_a_depthwise_separable_pair_into_one_exact_call(rt, pipeline_program):
+    a, x = block_case(5, 1, 24, 30, 30, 24, 16, 3, 2, 1, separable=True)
+    module = chain_module(a, expand=False)
+    pte = pipeline_program(module, [x])
+    names = kernels_run(rt, pte, x)
+    assert names == ["etb_quantized::depthwise_project.out"], names
+    run_exact(rt, pipeline_program, module, [x], threads=2)
+
+
 @pytest.mark.parametrize(
     "case",
     ["expanded_is_an_output", "small_plane", "dilated_depthwise", "switched_off"],
 )
-def test_pipeline_leaves_chains_it_must_not_fuse(rt, tmp_path, case):
+def test_pipeline_leaves_what_it_must_not_fuse(rt, tmp_path, case):
     from rt_helpers import build_with_pipeline
 
     side = 20 if case == "small_plane" else 30  # 20x20 < 28x28
@@ -191,7 +211,10 @@ def test_pipeline_leaves_chains_it_must_not_fuse(rt, tmp_path, case):
     if case == "switched_off":
         overrides.append("pipeline.lower.fuse_blocks=false")
     pte = build_with_pipeline(module, [x], tmp_path / "run", overrides)
-    assert kernels_run(rt, pte, x) == ["etb_quantized::conv2d.out"] * 3
+    conv = "etb_quantized::conv2d.out"
+    # The expanded tensor is an output: only the depthwise -> project pair after it fuses.
+    pair = [conv, "etb_quantized::depthwise_project.out"]
+    assert kernels_run(rt, pte, x) == (pair if case == "expanded_is_an_output" else [conv] * 3)
     module.eval()
     want = module(x)
     got = rt.load(str(pte)).run([x])
