@@ -42,9 +42,14 @@ def _shape(node: fx.Node) -> list[int] | None:
     return shape if shape and all(isinstance(s, int) for s in shape) else None
 
 
-def _pointwise(g: Graph, n: fx.Node) -> bool:
+def _weight_shape(g: Graph, n: fx.Node) -> list[int]:
+    """A conv2d's weight shape, or [] when its weight is not a constant."""
     w = n.args[3]
-    shape = list(g.const(w).shape) if g.is_const(w) else []
+    return list(g.const(w).shape) if g.is_const(w) else []
+
+
+def _pointwise(g: Graph, n: fx.Node, _channels: int = 0) -> bool:
+    shape = _weight_shape(g, n)
     stride, padding, dilation, groups = n.args[6:10]
     return (
         len(shape) == 4
@@ -62,8 +67,7 @@ def _square(v) -> int | None:
 
 
 def _depthwise(g: Graph, n: fx.Node, channels: int) -> bool:
-    w = n.args[3]
-    shape = list(g.const(w).shape) if g.is_const(w) else []
+    shape = _weight_shape(g, n)
     stride, padding, dilation, groups = n.args[6:10]
     k = shape[2] if len(shape) == 4 else 0
     s, p, d = _square(stride), _square(padding), _square(dilation)
@@ -104,7 +108,7 @@ def fuse_blocks(g: Graph) -> int:
         depthwise = _fusable_input(g, project, _depthwise)
         if depthwise is None:
             continue
-        expand = _fusable_input(g, depthwise, lambda g, n, _c: _pointwise(g, n))
+        expand = _fusable_input(g, depthwise, _pointwise)
         x = (expand if expand is not None else depthwise).args[0]
         plane = _shape(depthwise.args[0])  # the depthwise convolution's input
         if plane is None or plane[2] * plane[3] < MIN_PLANE or _shape(x) is None:

@@ -53,19 +53,6 @@ struct Block {
   }
 };
 
-// One convolution's requantization: per-channel multipliers float32(x_scale) * w_scale[c],
-// biases and the weights' row sums (for the input zero point's correction).
-struct Requant {
-  const float* mult;
-  const float* bias;
-  const int32_t* wsum;
-  int32_t xzp;
-  OutQuant q;
-  ConvEpilogue epilogue(int8_t* out, int64_t ldo) const {
-    return ConvEpilogue{wsum, mult, bias, xzp, q, out, ldo};
-  }
-};
-
 // Checks a weight's dtype and shape [d0, d1, d2, d2] (as conv2d would find it).
 Error check_weight(const Tensor& w, const char* op, const char* name, int64_t d0, int64_t d1,
                    int64_t d2) {
@@ -225,16 +212,27 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, double 
   if (ap_bytes > 0) qgemm_pack_a(ctx, b.O, b.E, wp, b.E, ap);
   const int16_t* a_expand = pe.packed != nullptr ? pe.group(0) : ae;
   const int16_t* a_project = pp.packed != nullptr ? pp.group(0) : ap;
-  const Requant expansion{mult, bias, pe.sums != nullptr ? pe.sums : sums,
-                          int32_t(input_zero_point), q1};
-  const Requant filter{mult + b.E, bias + b.E, nullptr, int32_t(mid_zp), q2};
-  const Requant projection{mult + 2 * b.E, bias + 2 * b.E,
-                           pp.sums != nullptr ? pp.sums : sums + b.E, int32_t(depthwise.zero_point),
-                           q3};
+  const int64_t rows = band_rows(b), pitch = b.in_rows(rows) * b.W;
+  const int64_t HW = b.H * b.W, OP = b.OH * b.OW;
+  // The products' requantization (each band sets its output rows); the depthwise
+  // convolution's multipliers and biases follow the expansion's.
+  const ConvEpilogue expansion{pe.sums != nullptr ? pe.sums : sums,
+                               mult,
+                               bias,
+                               int32_t(input_zero_point),
+                               q1,
+                               nullptr,
+                               pitch};
+  const ConvEpilogue projection{pp.sums != nullptr ? pp.sums : sums + b.E,
+                                mult + 2 * b.E,
+                                bias + 2 * b.E,
+                                int32_t(depthwise.zero_point),
+                                q3,
+                                nullptr,
+                                OP};
 
   // Each thread's scratch: a band's expanded rows (E planes of `pitch` bytes), its filtered
   // rows, the depthwise convolution's planes and the products' panels of B.
-  const int64_t rows = band_rows(b), pitch = b.in_rows(rows) * b.W;
   const int64_t group_e = qgemm_panel_group(b.C), group_p = qgemm_panel_group(b.E);
   const size_t ex_bytes = align64(size_t(b.E * pitch));
   const size_t fi_bytes = align64(size_t(b.E * rows * b.OW));
@@ -254,7 +252,6 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, double 
   const int8_t* x = input.data_as<int8_t>();
   const int8_t* wd = wd_t.data_as<int8_t>();
   int8_t* y = out.data_as<int8_t>();
-  const int64_t HW = b.H * b.W, OP = b.OH * b.OW;
 
   auto run = [&](int64_t task, int thread) {
     const int64_t n = task / runs, r = task % runs;
@@ -289,7 +286,8 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, double 
       pad_rows(i0, j0, img0 < i1 ? img0 : i1);
       pad_rows(i0, img1 > j0 ? img1 : j0, i1);
       if (img1 > img0 && expand != nullptr) {
-        ConvEpilogue e = expansion.epilogue(ex + (img0 - i0) * b.W, pitch);
+        ConvEpilogue e = expansion;
+        e.out = ex + (img0 - i0) * b.W;
         qgemm_packed(b.E, (img1 - img0) * b.W, b.C, a_expand, xn + img0 * b.W, HW, 1, panels,
                      group_e, conv_tile, &e);
       } else if (img1 > img0) {  // the input's own rows
@@ -297,9 +295,10 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, double 
           std::memcpy(ex + e * pitch + (img0 - i0) * b.W, xn + e * HW + img0 * b.W,
                       size_t((img1 - img0) * b.W));
       }
-      depthwise_direct_serial(b.band(nb), ex, pitch, filter.xzp, wd, filter.mult, filter.bias,
-                              filter.q, fi, nb * b.OW, dw_temp);
-      ConvEpilogue e = projection.epilogue(y + n * b.O * OP + r0 * b.OW, OP);
+      depthwise_direct_serial(b.band(nb), ex, pitch, int32_t(mid_zp), wd, mult + b.E, bias + b.E,
+                              q2, fi, nb * b.OW, dw_temp);
+      ConvEpilogue e = projection;
+      e.out = y + n * b.O * OP + r0 * b.OW;
       qgemm_packed(b.O, nb * b.OW, b.E, a_project, fi, nb * b.OW, 1, panels, group_p, conv_tile,
                    &e);
       prev_i0 = i0;
