@@ -419,8 +419,8 @@ class LowerConfig:
     """The lower stage's choices."""
 
     attention: AttentionLowering = AttentionLowering.fused
-    # int8 expand -> depthwise -> project chains (MobileNet blocks) and depthwise -> project
-    # pairs left to etbuild's runtime become one call each (pipeline/quant/blocks.py).
+    # expand -> depthwise -> project chains (MobileNet blocks) and depthwise -> project pairs
+    # left to etbuild's runtime become one call each, int8 and Float (pipeline/blocks.py).
     fuse_blocks: bool = True
 
 

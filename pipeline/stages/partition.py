@@ -3,20 +3,20 @@ partitions, each replaced by one delegate call (pipeline/partition.py); then eve
 outside a delegate is checked against ``ops_yaml/``.
 
 Without a partitioner the lower stage has checked every op. Either way the stage then fuses
-the int8 blocks that the runtime runs (``pipeline.lower.fuse_blocks``, pipeline/quant/blocks.py):
+the MobileNet blocks that the runtime runs (``pipeline.lower.fuse_blocks``, pipeline/blocks.py):
 after partitioning, so that a backend sees the separate convolutions it may take.
 """
 
 from __future__ import annotations
 
+from ..blocks import fuse_blocks
 from ..partition import Rules, load_backend, partition_graph
-from ..quant.blocks import fuse_blocks
 from ..runner import Context
 from .lower import check_ops
 
 
 def fuse_runtime_blocks(ctx: Context) -> int:
-    """Fuses the int8 blocks left to the runtime's kernels, when the config asks for it, and
+    """Fuses the MobileNet blocks left to the runtime's kernels, when the config asks for it, and
     counts the ops again; returns how many blocks were fused."""
     g = ctx.artifacts["graph"]
     fused = fuse_blocks(g) if ctx.cfg.pipeline.lower.fuse_blocks else 0

@@ -227,10 +227,16 @@ EXECUTORCH_MOBILENET_V2_BYTES = 9_936_896
 
 
 def test_mobilenet_memory_plan(zoo_build) -> None:
-    mem = json.loads((zoo_build("mobilenet") / "memory_plan.json").read_text())
+    run_dir = zoo_build("mobilenet")
+    mem = json.loads((run_dir / "memory_plan.json").read_text())
     total, bound = mem["total_bytes"], mem["lower_bound_bytes"]
     assert total == sum(b["planned_bytes"] for b in mem["banks"])
-    assert total <= 0.7 * EXECUTORCH_MOBILENET_V2_BYTES, total
+    # The blocks on 112x112, 56x56 and 28x28 planes run fused (pipeline/blocks.py): their
+    # 6x-wide tensors are not planned (2,408,448 bytes; 6,021,120 with separate calls).
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (partition,) = [s for s in manifest["stages"] if s["name"] == "partition"]
+    assert partition["summary"]["blocks_fused"] == 7
+    assert total <= 0.3 * EXECUTORCH_MOBILENET_V2_BYTES, total
     assert bound <= total <= 1.10 * bound, (total, bound)
     assert mem["planners"]["naive"]["total_bytes"] >= total
 

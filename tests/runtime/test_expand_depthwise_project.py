@@ -147,7 +147,7 @@ def test_a_depthwise_kernel_it_has_no_path_for_is_an_error(rt, pipeline_program)
         prog.run([x])
 
 
-# ---- the pipeline's fusion of three conv2d calls (pipeline/quant/blocks.py) --------------
+# ---- the pipeline's fusion of three conv2d calls (pipeline/blocks.py) --------------------
 
 
 def chain_module(

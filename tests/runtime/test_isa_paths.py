@@ -8,7 +8,8 @@ qemu-aarch64, when both are installed; CI installs them). Each runner must repor
 built for (``--isa``, and the build stage's reading of the compile flags), then run one program
 against torch: convolutions on randomized shapes (odd sizes, channels that are not a multiple of 16,
 stride 2, padding, dilation 2, groups 2, depthwise 3x3 stride 1 and 2 on wide rows and small planes
-(on planes and on channel lanes), depthwise 5x5 with a channel multiplier, 1x1 pointwise, Conv1d),
+(on planes and on channel lanes), depthwise 5x5 with a channel multiplier, 1x1 pointwise, Conv1d,
+MobileNet blocks fused into one call),
 linear/addmm with M in {1, 3, 7, 33} and odd N and K, mm and bmm, and convolutions and linear layers
 followed by ReLU6 / ReLU, which Method load fuses into the kernel's epilogue.
 
@@ -236,6 +237,13 @@ def _cases(rng: random.Random) -> list[Case]:
     c = chans(3, 20)
     cases.append(conv("depthwise5x5_mult2_small_plane", c, 2 * c, [odd(5, 9), odd(5, 9)], 5,
                       padding=2, groups=c, bias=False))  # fmt: skip
+    # MobileNet blocks, which the partition stage fuses into one call (pipeline/blocks.py):
+    # rows of pixels that fill no whole vector, so that its bands' products end in dot columns.
+    for stride, expand in ((1, True), (2, True), (2, False)):
+        c, e = chans(4, 30), chans(20, 100)
+        cases.append(Case(f"block_s{stride}" + ("" if expand else "_no_expansion"),
+                          _Block(c, e if expand else c, chans(5, 40), stride, expand),
+                          [[1, c, odd(28, 40), odd(29, 45)]]))  # fmt: skip
     for m in (1, 3, 7, 33):
         cases.append(linear(f"linear_m{m}", m, odd(9, 300), odd(5, 200)))
     cases += [
@@ -251,6 +259,24 @@ def _cases(rng: random.Random) -> list[Case]:
     b, m, k, n = rng.randrange(2, 5), odd(1, 20), odd(9, 100), odd(5, 80)
     cases.append(Case("bmm", BMM(), [[b, m, k], [b, k, n]]))
     return cases
+
+
+class _Block(nn.Module):
+    """A MobileNetV2 block: a pointwise expansion (unless not `expand`) and a depthwise
+    convolution, each followed by ReLU6, and a pointwise projection."""
+
+    def __init__(self, c: int, e: int, o: int, stride: int, expand: bool) -> None:
+        super().__init__()
+        layers = [nn.Conv2d(c, e, 1), nn.ReLU6()] if expand else []
+        layers += [nn.Conv2d(e, e, 3, stride, 1, groups=e), nn.ReLU6(), nn.Conv2d(e, o, 1)]
+        with torch.no_grad():  # values of order one at each stage: ReLU6 clips at both ends
+            for layer in layers[::2]:
+                layer.weight.normal_(0, 3 * layer.weight[0].numel() ** -0.5)
+                layer.bias.normal_(0, 1)
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.layers(x)
 
 
 def _with_act(name: str, layer: nn.Module, shapes: list[list[int]], act: str | None) -> Case:
@@ -494,6 +520,14 @@ def test_activations_run_fused_into_the_layer(runs, program: Program, name, isa,
     stdout, _ = runs(name, overrides)
     fused = len(re.findall(r"^profile: fused ", stdout, re.M))
     assert fused == sum(c.fused for c in program.cases), stdout[-3000:]
+
+
+def test_blocks_run_as_one_call(runs, program: Program) -> None:
+    """The program's MobileNet blocks are what test_kernels_match_torch compares on each path
+    (the partition stage fused them)."""
+    stdout, _ = runs("x86-64", ["target.march=x86-64"]) if X86 else runs(*BUILDS[-1][:3:2])
+    calls = re.findall(r"^profile: etb::(\w+)\.out ", stdout, re.M)
+    assert sorted(calls) == ["depthwise_project"] + ["expand_depthwise_project"] * 2, calls
 
 
 def test_host_module_takes_the_vector_path(rt) -> None:

@@ -438,14 +438,14 @@ ChannelFn channel_fn(const ConvShape& s) {
 }
 
 // The plain loop for shapes whose planes would not fit the scratch budget.
-void plain(const ConvShape& s, const float* in, const float* w, const float* bias,
-           OutputClamp clamp, float* out) {
+void plain(const ConvShape& s, const float* in, int64_t in_stride, const float* w,
+           const float* bias, OutputClamp clamp, float* out, int64_t out_stride) {
   const int64_t mult = s.OC / s.C;
   const int64_t P = s.OH * s.OW;
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t oc = 0; oc < s.OC; ++oc) {
-      const float* x = in + (n * s.C + oc / mult) * s.H * s.W;
-      float* y = out + (n * s.OC + oc) * P;
+      const float* x = in + (n * s.C + oc / mult) * in_stride;
+      float* y = out + (n * s.OC + oc) * out_stride;
       const float b = bias != nullptr ? bias[oc] : 0.f;
       for (int64_t p = 0; p < P; ++p) y[p] = b;
       depthwise_plane(s, x, w + oc * s.KH * s.KW, y);
@@ -476,9 +476,16 @@ size_t depthwise_conv_f32_scratch_bytes(const ConvShape& s) {
 
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
                         OutputClamp clamp, float* out, void* scratch) {
-  if (on_lanes(s)) return depthwise_lanes_f32(s, in, w, bias, clamp, out, scratch);
+  depthwise_conv_f32_strided(s, in, s.H * s.W, w, bias, clamp, out, s.OH * s.OW, scratch);
+}
+
+void depthwise_conv_f32_strided(const ConvShape& s, const float* in, int64_t in_stride,
+                                const float* w, const float* bias, OutputClamp clamp, float* out,
+                                int64_t out_stride, void* scratch) {
+  if (on_lanes(s))
+    return depthwise_lanes_f32(s, in, in_stride, w, bias, clamp, out, out_stride, scratch);
   Layout L = layout_of(s);
-  if (!L.planar) return plain(s, in, w, bias, clamp, out);
+  if (!L.planar) return plain(s, in, in_stride, w, bias, clamp, out, out_stride);
   char* mem = static_cast<char*>(scratch);
   float* planes = reinterpret_cast<float*>(mem);
   float* flat = reinterpret_cast<float*>(mem + L.plane_bytes);
@@ -488,19 +495,19 @@ void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, con
   L.taps = taps;
   const ChannelFn fn = channel_fn(s);
   const int64_t mult = s.OC / s.C;  // output channels per input channel
-  const int64_t HW = s.H * s.W, P = s.OH * s.OW, KK = s.KH * s.KW;
-  const float* x_end = in + s.N * s.C * HW;
+  const int64_t HW = s.H * s.W, KK = s.KH * s.KW;
+  const float* x_end = in + (s.N * s.C - 1) * in_stride + HW;  // the last channel's end
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t c = 0; c < s.C; ++c) {
-      const float* x = in + (n * s.C + c) * HW;
+      const float* x = in + (n * s.C + c) * in_stride;
       fill_planes(s, L, x, x_end, planes);
       const bool more = n * s.C + c + 1 < s.N * s.C;
       for (int64_t oc = c * mult; oc < (c + 1) * mult; ++oc) {
         Channel ch;
         ch.w = w + oc * KK;
         ch.bias = bias != nullptr ? bias[oc] : 0.f;
-        ch.y = out + (n * s.OC + oc) * P;
-        ch.next = more && oc == c * mult ? x + HW : nullptr;
+        ch.y = out + (n * s.OC + oc) * out_stride;
+        ch.next = more && oc == c * mult ? x + in_stride : nullptr;
         fn(s, L, planes, ch, clamp, flat);
       }
     }

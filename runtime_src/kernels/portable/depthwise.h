@@ -32,5 +32,12 @@ int64_t depthwise_conv_f32_channel_block(const ConvShape& s);
 void depthwise_conv_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
                         OutputClamp clamp, float* out, void* scratch);
 
+/// depthwise_conv_f32 with input channel c of image n at in + (n * s.C + c) * in_stride (an
+/// s.H x s.W plane) and output channel oc at out + (n * s.OC + oc) * out_stride: a band of
+/// rows of bigger planes.
+void depthwise_conv_f32_strided(const ConvShape& s, const float* in, int64_t in_stride,
+                                const float* w, const float* bias, OutputClamp clamp, float* out,
+                                int64_t out_stride, void* scratch);
+
 }  // namespace native
 }  // namespace etb

@@ -149,8 +149,9 @@ size_t depthwise_lanes_f32_scratch_bytes(const ConvShape& s) {
   return lanes_of(s).total();
 }
 
-void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                         OutputClamp clamp, float* out, void* scratch) {
+void depthwise_lanes_f32(const ConvShape& s, const float* in, int64_t in_stride, const float* w,
+                         const float* bias, OutputClamp clamp, float* out, int64_t out_stride,
+                         void* scratch) {
   const Lanes L = lanes_of(s);
   char* mem = static_cast<char*>(scratch);
   float* t = reinterpret_cast<float*>(mem);
@@ -158,10 +159,10 @@ void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, co
   float* wv = reinterpret_cast<float*>(mem + L.t_bytes + L.o_bytes);
   int64_t* off = reinterpret_cast<int64_t*>(mem + L.t_bytes + L.o_bytes + L.w_bytes);
   // (The padding is zero, from the caller, and stays zero: each block rewrites the interior.)
-  const int64_t KK = s.KH * s.KW, HW = s.H * s.W, P = s.OH * s.OW, mult = s.OC / s.C;
+  const int64_t KK = s.KH * s.KW, P = s.OH * s.OW, mult = s.OC / s.C;
   for (int64_t kh = 0; kh < s.KH; ++kh)
     for (int64_t kw = 0; kw < s.KW; ++kw) off[kh * s.KW + kw] = (kh * s.dh * L.Wp + kw * s.dw) * kW;
-  const float* x_end = in + s.N * s.C * HW;
+  const float* x_end = in + (s.N * s.C - 1) * in_stride + s.H * s.W;  // the last channel's end
   const float* w_end = w + s.OC * KK;
   Block b{t, off, wv, KK, VecF::zero(), VecF::broadcast(clamp.lo), VecF::broadcast(clamp.hi)};
   for (int64_t n = 0; n < s.N; ++n) {
@@ -173,9 +174,9 @@ void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, co
       alignas(64) float bias_lanes[kW];
       for (int l = 0; l < kW; ++l) {
         const int64_t oc = oc0 + (l < cb ? l : cb - 1);
-        src[l] = in + (n * s.C + oc / mult) * HW;
+        src[l] = in + (n * s.C + oc / mult) * in_stride;
         wsrc[l] = w + oc * KK;
-        dst[l] = out + (n * s.OC + oc) * P;
+        dst[l] = out + (n * s.OC + oc) * out_stride;
         bias_lanes[l] = bias != nullptr ? bias[oc] : 0.f;
       }
       b.bias = VecF::load(bias_lanes);

@@ -52,10 +52,11 @@ int depthwise_lanes_width();
 /// N or C).
 size_t depthwise_lanes_f32_scratch_bytes(const ConvShape& s);
 
-/// depthwise_conv_f32 (depthwise.h) on channel lanes, for a shape depthwise_lanes_suit takes:
-/// the same arguments and the same results, bit for bit.
-void depthwise_lanes_f32(const ConvShape& s, const float* in, const float* w, const float* bias,
-                         OutputClamp clamp, float* out, void* scratch);
+/// depthwise_conv_f32_strided (depthwise.h) on channel lanes, for a shape depthwise_lanes_suit
+/// takes: the same arguments and the same results, bit for bit.
+void depthwise_lanes_f32(const ConvShape& s, const float* in, int64_t in_stride, const float* w,
+                         const float* bias, OutputClamp clamp, float* out, int64_t out_stride,
+                         void* scratch);
 
 }  // namespace native
 }  // namespace etb

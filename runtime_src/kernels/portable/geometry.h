@@ -283,6 +283,30 @@ inline bool pair_items(Span<const int64_t> v, int64_t dflt0, int64_t dflt1, int6
   return pair_item(v, 0, dflt0, a) && pair_item(v, 1, dflt1, b);
 }
 
+/// The square, equal-on-both-axes value of an int[] argument of 1 or 2 items.
+inline bool square_item(Span<const int64_t> v, int64_t* out) {
+  int64_t a, b;
+  if (!pair_items(v, 0, 0, &a, &b) || a != b) return false;
+  *out = a;
+  return true;
+}
+
+/// The sizes of a MobileNet block run as one kernel, a band of output rows at a time (the
+/// expand_depthwise_project kernels, Float and int8).
+struct SeparableBlock {
+  int64_t N, C, H, W;  // input
+  int64_t E, O;        // expanded and output channels
+  int64_t K, S, pad;   // the depthwise kernel (square), stride and padding (both axes)
+  int64_t OH, OW;
+  /// Expanded rows under b output rows.
+  int64_t in_rows(int64_t b) const { return (b - 1) * S + K; }
+  /// The depthwise convolution of a band of b output rows over its in_rows(b) expanded rows
+  /// (whose padding rows, if any, the band holds as rows of the padding value).
+  ConvShape band(int64_t b) const {
+    return ConvShape{1, E, in_rows(b), W, E, K, K, b, OW, S, S, 0, pad, 1, 1, E};
+  }
+};
+
 /// One depthwise output plane: y[OH x OW] += sum over the kernel taps of k * x, for an input
 /// plane x[H x W] (float) and kernel taps k[KH x KW] (float, or int8 for the int8 kernels). The
 /// inner loops run over each tap's valid output range, so they have no bounds checks.

@@ -38,20 +38,7 @@ constexpr int64_t kBandBytes = 16 * 1024;
 constexpr int64_t kBandBytes = 384 * 1024;
 #endif
 
-// The block's sizes.
-struct Block {
-  int64_t N, C, H, W;  // input
-  int64_t E, O;        // expanded and output channels
-  int64_t K, S, pad;   // the depthwise kernel (square), stride and padding (both axes)
-  int64_t OH, OW;
-  // Expanded rows under b output rows.
-  int64_t in_rows(int64_t b) const { return (b - 1) * S + K; }
-  // The depthwise convolution of a band of b output rows over its in_rows(b) expanded rows
-  // (whose padding rows, if any, the band holds as rows of the zero point).
-  ConvShape band(int64_t b) const {
-    return ConvShape{1, E, in_rows(b), W, E, K, K, b, OW, S, S, 0, pad, 1, 1, E};
-  }
-};
+using Block = SeparableBlock;  // (padding rows: the zero point)
 
 // Checks a weight's dtype and shape [d0, d1, d2, d2] (as conv2d would find it).
 Error check_weight(const Tensor& w, const char* op, const char* name, int64_t d0, int64_t d1,
@@ -62,14 +49,6 @@ Error check_weight(const Tensor& w, const char* op, const char* name, int64_t d0
                 "%s: %s must be a Char (int8) tensor of shape [%lld, %lld, %lld, %lld]", op, name,
                 (long long)d0, (long long)d1, (long long)d2, (long long)d2);
   return Error::Ok;
-}
-
-// The square, equal-on-both-axes value of an int[] argument of 1 or 2 items.
-bool square_item(Span<const int64_t> v, int64_t* out) {
-  int64_t a, b;
-  if (!pair_items(v, 0, 0, &a, &b) || a != b) return false;
-  *out = a;
-  return true;
 }
 
 // The block's sizes from its arguments, `we` nullptr without an expansion (quietly: false
