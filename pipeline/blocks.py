@@ -252,7 +252,7 @@ def _int8_fused(expand: _Conv | None, depthwise: _Conv, project: _Conv):
 def _float_band_bytes(channels: int, width: int, out_width: int, k: int, stride: int) -> int:
     """The scratch of the Float kernel's smallest band (its Block::band_bytes at 16 lanes)."""
     unit_in, unit_out = (16 // math.gcd(w, 16) for w in (width, out_width))
-    in_rows = (unit_out - 1) * stride + k + 2 * unit_in
+    in_rows = (unit_out - 1) * stride + k + 2 * (unit_in - 1)
     return 4 * channels * (in_rows * width + unit_out * out_width)
 
 

@@ -152,7 +152,7 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, const C
   // vectors of pixels, see the top of the file); a band is at most `rows` output rows.
   const int64_t unit_out = whole_vector_rows(b.OW), unit_in = whole_vector_rows(b.W);
   auto band_bytes = [&](int64_t r) {
-    return b.E * int64_t(sizeof(float)) * ((b.in_rows(r) + 2 * unit_in) * b.W + r * b.OW);
+    return b.E * int64_t(sizeof(float)) * ((b.in_rows(r) + 2 * (unit_in - 1)) * b.W + r * b.OW);
   };
   int64_t band_units = 1;
   while (band_units * unit_out < b.OH && band_bytes((band_units + 1) * unit_out) <= kBandBytes)
@@ -161,7 +161,7 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, const C
   // A band's expanded rows, from a row on a unit boundary to one past its last row rounded up
   // to one: each plane `pitch` floats. Its filtered rows: planes of `fi_stride` floats (whole
   // cache lines, so that the projection reads them in place).
-  const int64_t pitch = (b.in_rows(rows) + 2 * unit_in) * b.W;
+  const int64_t pitch = (b.in_rows(rows) + 2 * (unit_in - 1)) * b.W;
   const int64_t fi_stride = round_up(rows * b.OW, 16);
   size_t dw_bytes = 0, ws_bytes = 0;
   for (int64_t r = 1; r <= rows; ++r) {
