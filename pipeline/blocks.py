@@ -11,6 +11,10 @@ per-thread scratch a band of rows at a time: int8 results are bit-identical to t
 calls; Float ones are the same sums, some of them in another order (as a thread count never
 changes them).
 
+Float chains fuse only when the config asks for it (``pipeline.lower.fuse_float_blocks``):
+ExecuTorch's runtime has no ``etb::`` kernels, and a Float program without a delegate otherwise
+loads in it too.
+
 The pass runs on the ops left to etbuild's runtime (after partitioning): a chain fuses when
 each inner tensor feeds only the next convolution and the depthwise convolution has a shape the
 kernels' direct paths take (a square 3x3 or 5x5 kernel, one stride of 1 or 2, one padding
@@ -286,12 +290,13 @@ FORMS = (
 )
 
 
-def fuse_blocks(g: Graph) -> int:
+def fuse_blocks(g: Graph, int8: bool = True, floats: bool = False) -> int:
     """Replaces every fusable chain in ``g`` (expand -> depthwise -> project, or depthwise ->
-    project) by one call; returns how many."""
+    project) of the chosen dtypes by one call; returns how many."""
+    forms = [f for f, on in zip(FORMS, (int8, floats), strict=True) if on]
     fused = 0
     for node in g.call_nodes():
-        for form in FORMS:
+        for form in forms:
             project = form.conv(node)
             if project is not None:
                 fused += _fuse_at(g, form, project)

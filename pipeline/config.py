@@ -419,9 +419,13 @@ class LowerConfig:
     """The lower stage's choices."""
 
     attention: AttentionLowering = AttentionLowering.fused
-    # expand -> depthwise -> project chains (MobileNet blocks) and depthwise -> project pairs
-    # left to etbuild's runtime become one call each, int8 and Float (pipeline/blocks.py).
+    # int8 expand -> depthwise -> project chains (MobileNet blocks) and depthwise -> project
+    # pairs left to etbuild's runtime become one call each (pipeline/blocks.py).
     fuse_blocks: bool = True
+    # The same for Float chains, as etb:: ops: their wide tensors leave the memory plan too, but
+    # ExecuTorch's runtime has no such kernels, so the program then needs etbuild's (off by
+    # default: a Float program without a delegate loads in either runtime).
+    fuse_float_blocks: bool = False
 
 
 @dataclass

@@ -64,7 +64,7 @@ STAGES: list[Stage] = [
         partition.run,
         reads=("graph",),
         writes=("graph", "op_counts", "partitions"),
-        config=("partitioner", "pipeline.lower.fuse_blocks"),
+        config=("partitioner", "pipeline.lower.fuse_blocks", "pipeline.lower.fuse_float_blocks"),
         inputs=("partitioner_source",),
         cacheable=True,
     ),

@@ -3,8 +3,9 @@ partitions, each replaced by one delegate call (pipeline/partition.py); then eve
 outside a delegate is checked against ``ops_yaml/``.
 
 Without a partitioner the lower stage has checked every op. Either way the stage then fuses
-the MobileNet blocks that the runtime runs (``pipeline.lower.fuse_blocks``, pipeline/blocks.py):
-after partitioning, so that a backend sees the separate convolutions it may take.
+the MobileNet blocks that the runtime runs (``pipeline.lower.fuse_blocks`` for int8,
+``pipeline.lower.fuse_float_blocks`` for Float; pipeline/blocks.py): after partitioning, so that
+a backend sees the separate convolutions it may take.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def fuse_runtime_blocks(ctx: Context) -> int:
     """Fuses the MobileNet blocks left to the runtime's kernels, when the config asks for it, and
     counts the ops again; returns how many blocks were fused."""
     g = ctx.artifacts["graph"]
-    fused = fuse_blocks(g) if ctx.cfg.pipeline.lower.fuse_blocks else 0
+    lower = ctx.cfg.pipeline.lower
+    fused = fuse_blocks(g, int8=lower.fuse_blocks, floats=lower.fuse_float_blocks)
     if fused:
         ctx.artifacts["op_counts"] = check_ops(g)
     return fused

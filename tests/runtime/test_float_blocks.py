@@ -162,27 +162,34 @@ def kernels_run(rt, pte, x) -> list[str]:
     return [name for name, _ in prog.last_profile]
 
 
-def test_pipeline_fuses_a_relu6_chain_with_its_residual(rt, pipeline_program):
+FUSE = ["model.dynamic_dims=[]", "pipeline.lower.fuse_float_blocks=true"]
+
+
+def test_pipeline_fuses_a_relu6_chain_with_its_residual(rt, tmp_path):
+    from rt_helpers import build_with_pipeline
+
     module = Chain(24, 144, 24, residual=True).eval()
     x = torch.randn(1, 24, 30, 30)
-    pte = pipeline_program(module, [x])
+    pte = build_with_pipeline(module, [x], tmp_path / "run", FUSE)
     names = kernels_run(rt, pte, x)
     assert names == ["etb::expand_depthwise_project.out", "aten::add.out"], names
     with torch.no_grad():
         check_close(run_threads(rt, pte, x, threads=(1, 2)), module(x))
 
 
-def test_pipeline_fuses_a_depthwise_separable_pair_with_relu(rt, pipeline_program):
+def test_pipeline_fuses_a_depthwise_separable_pair_with_relu(rt, tmp_path):
+    from rt_helpers import build_with_pipeline
+
     module = Chain(32, 32, 16, stride=2, act=nn.ReLU, expand=False).eval()
     x = torch.randn(1, 32, 40, 40)
-    pte = pipeline_program(module, [x])
+    pte = build_with_pipeline(module, [x], tmp_path / "run", FUSE)
     assert kernels_run(rt, pte, x) == ["etb::depthwise_project.out"]
     with torch.no_grad():
         check_close(run_threads(rt, pte, x, threads=(1, 2)), module(x))
 
 
 @pytest.mark.parametrize(
-    "case", ["hardswish", "expanded_is_an_output", "small_plane", "dilated", "switched_off"]
+    "case", ["hardswish", "expanded_is_an_output", "small_plane", "dilated", "by_default"]
 )
 def test_pipeline_leaves_what_it_must_not_fuse(rt, tmp_path, case):
     from rt_helpers import build_with_pipeline
@@ -192,9 +199,8 @@ def test_pipeline_leaves_what_it_must_not_fuse(rt, tmp_path, case):
                    also_expanded=case == "expanded_is_an_output",
                    dilation=2 if case == "dilated" else 1).eval()  # fmt: skip
     x = torch.randn(1, 8, side, side)
-    overrides = ["model.dynamic_dims=[]"]
-    if case == "switched_off":
-        overrides.append("pipeline.lower.fuse_blocks=false")
+    # By default Float chains stay separate calls (ExecuTorch's runtime loads the program).
+    overrides = ["model.dynamic_dims=[]"] if case == "by_default" else FUSE
     pte = build_with_pipeline(module, [x], tmp_path / "run", overrides)
     conv = "aten::convolution.out"
     names = kernels_run(rt, pte, x)

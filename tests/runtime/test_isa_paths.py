@@ -308,7 +308,8 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Program:
     inputs = [torch.randn(shape) for c in cases for shape in c.shapes]
     with torch.no_grad():
         expected = list(suite(*inputs))
-    path = build_with_pipeline(suite, inputs, tmp_path_factory.mktemp("isa_program"))
+    overrides = ["model.dynamic_dims=[]", "pipeline.lower.fuse_float_blocks=true"]
+    path = build_with_pipeline(suite, inputs, tmp_path_factory.mktemp("isa_program"), overrides)
     return Program(path, cases, inputs, expected)
 
 
