@@ -7,9 +7,9 @@ depthwise-separable layers (MobileNetV1, MobileNetV2's first block) are the last
 separate convolutions, the wide tensors between them are written to and read back from the
 program's memory, and the memory plan must hold the widest of them. The fused kernels
 (runtime_src/kernels/{quantized,portable}/expand_depthwise_project.cpp) keep them in
-per-thread scratch a band of rows at a time: int8 results are bit-identical to the separate
-calls; Float ones are the same sums, some of them in another order (as a thread count never
-changes them).
+per-thread scratch, a band of rows at a time (the int8 one splits small planes' channels
+instead): int8 results are bit-identical to the separate calls; Float ones are the same sums,
+some of them in another order (as a thread count never changes them).
 
 Float chains fuse only when the config asks for it (``pipeline.lower.fuse_float_blocks``):
 ExecuTorch's runtime has no ``etb::`` kernels, and a Float program without a delegate otherwise
@@ -18,10 +18,10 @@ loads in it too.
 The pass runs on the ops left to etbuild's runtime (after partitioning): a chain fuses when
 each inner tensor feeds only the next convolution and the depthwise convolution has a shape the
 kernels' direct paths take (a square 3x3 or 5x5 kernel, one stride of 1 or 2, one padding
-below the kernel size, no dilation), on an input plane of at least ``MIN_PLANE`` pixels. In a
-Float chain, the expansion and the depthwise convolution may each be followed by a ReLU,
-ReLU6 (hardtanh) or clamp, which the call takes as bounds; the projection's activation stays
-a separate op, which the runtime fuses into the call at load.
+below the kernel size, no dilation); a Float one, on an input plane of at least ``MIN_PLANE``
+pixels. In a Float chain, the expansion and the depthwise convolution may each be followed by
+a ReLU, ReLU6 (hardtanh) or clamp, which the call takes as bounds; the projection's activation
+stays a separate op, which the runtime fuses into the call at load.
 
 The Float ops' reference (the kernel's specification):
 
@@ -46,11 +46,15 @@ from .quant import ops as qops
 Q = qops.ops
 aten = torch.ops.aten
 
-# Depthwise input planes smaller than this stay separate calls: their tensors are small enough
-# to stay in cache anyway, and a band's per-row costs (the rows a band shares with the one
-# before it, the per-channel setup of the depthwise planes) outweigh what fusing saves.
-# MobileNetV2 int8 at 224x224: the 28x28 blocks and bigger gain from fusing, the 14x14 and
-# 7x7 ones lose (1.13x their time at one thread, AVX-512).
+# Depthwise input planes smaller than this stay separate calls, but for int8 on a target with
+# threads: their tensors are small enough to stay in cache anyway, and a band's per-row costs
+# (the rows a band shares with the one before it, the per-channel setup of the depthwise
+# planes) outweigh what fusing saves. The hosted int8 kernel splits the channels of such
+# planes instead of their rows: MobileNetV2 int8's 14x14 and 7x7 blocks fused that way ran
+# at 2 threads in 0.92x the time of their separate calls in the host's slow placement, the
+# same in the fast one (in bands: 1.13x at one thread). On a microcontroller (bands only)
+# they would cost flash and save no RAM: DS-CNN int8 on a Cortex-M4, 94.0 KB of flash
+# against 83.2, the same 16,000 bytes planned.
 MIN_PLANE = 28 * 28
 
 # A Float block's smallest band (see the kernel: rows in units whose pixels fill whole vectors
@@ -223,7 +227,8 @@ def _sole_user(node: fx.Node) -> fx.Node | None:
 class _Form:
     """How one dtype's chains look and fuse."""
 
-    def __init__(self, conv, reads, fits, fused) -> None:
+    def __init__(self, conv, reads, fits, fused, min_plane: int) -> None:
+        self.min_plane = min_plane  # the smallest depthwise input plane fused, with threads
         self.conv = conv  # node -> _Conv | None
         self.reads = reads  # (consumer, producer) -> whether it reads what the producer wrote
         self.fits = fits  # (graph, depthwise) -> whether the kernel's bands fit its scratch
@@ -285,25 +290,28 @@ FORMS = (
         lambda c, src: c.node.args[1:3] == src.node.args[10:12],
         lambda g, depthwise: True,  # bands of any one row
         _int8_fused,
+        min_plane=0,
     ),
-    _Form(_float_conv, lambda c, src: True, _float_fits, _float_fused),
+    _Form(_float_conv, lambda c, src: True, _float_fits, _float_fused, min_plane=MIN_PLANE),
 )
 
 
-def fuse_blocks(g: Graph, int8: bool = True, floats: bool = False) -> int:
+def fuse_blocks(g: Graph, int8: bool = True, floats: bool = False, threads: bool = True) -> int:
     """Replaces every fusable chain in ``g`` (expand -> depthwise -> project, or depthwise ->
-    project) of the chosen dtypes by one call; returns how many."""
+    project) of the chosen dtypes by one call; returns how many. ``threads``: the target's
+    runtime has threads (not bare metal), so int8 blocks on small planes fuse too."""
     forms = [f for f, on in zip(FORMS, (int8, floats), strict=True) if on]
     fused = 0
     for node in g.call_nodes():
         for form in forms:
             project = form.conv(node)
             if project is not None:
-                fused += _fuse_at(g, form, project)
+                min_plane = form.min_plane if threads else MIN_PLANE
+                fused += _fuse_at(g, form, project, min_plane)
     return fused
 
 
-def _fuse_at(g: Graph, form: _Form, project: _Conv) -> int:
+def _fuse_at(g: Graph, form: _Form, project: _Conv, min_plane: int) -> int:
     if not _pointwise(g, project) or _shape(project.node) is None:
         return 0
     depthwise = form.input_stage(g, project, _depthwise)
@@ -312,7 +320,7 @@ def _fuse_at(g: Graph, form: _Form, project: _Conv) -> int:
     expand = form.input_stage(g, depthwise, _pointwise)
     x = (expand if expand is not None else depthwise).node.args[0]
     plane = _shape(depthwise.node.args[0])  # the depthwise convolution's input
-    if plane is None or plane[2] * plane[3] < MIN_PLANE or _shape(x) is None:
+    if plane is None or plane[2] * plane[3] < min_plane or _shape(x) is None:
         return 0
     if not form.fits(g, depthwise):
         return 0

@@ -64,7 +64,12 @@ STAGES: list[Stage] = [
         partition.run,
         reads=("graph",),
         writes=("graph", "op_counts", "partitions"),
-        config=("partitioner", "pipeline.lower.fuse_blocks", "pipeline.lower.fuse_float_blocks"),
+        config=(
+            "partitioner",
+            "pipeline.lower.fuse_blocks",
+            "pipeline.lower.fuse_float_blocks",
+            "target.kind",  # bare metal fuses fewer blocks (pipeline/blocks.py)
+        ),
         inputs=("partitioner_source",),
         cacheable=True,
     ),

@@ -11,6 +11,7 @@ a backend sees the separate convolutions it may take.
 from __future__ import annotations
 
 from ..blocks import fuse_blocks
+from ..config import TargetKind
 from ..partition import Rules, load_backend, partition_graph
 from ..runner import Context
 from .lower import check_ops
@@ -21,7 +22,8 @@ def fuse_runtime_blocks(ctx: Context) -> int:
     counts the ops again; returns how many blocks were fused."""
     g = ctx.artifacts["graph"]
     lower = ctx.cfg.pipeline.lower
-    fused = fuse_blocks(g, int8=lower.fuse_blocks, floats=lower.fuse_float_blocks)
+    threads = TargetKind(ctx.cfg.target.kind) != TargetKind.cortex_m  # bare metal: none
+    fused = fuse_blocks(g, lower.fuse_blocks, lower.fuse_float_blocks, threads)
     if fused:
         ctx.artifacts["op_counts"] = check_ops(g)
     return fused

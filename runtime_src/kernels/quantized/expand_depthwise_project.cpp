@@ -13,12 +13,15 @@
 // writes its own scratch where the separate convolutions hand those tensors from one core to
 // the other (their splits differ: columns of a product, channels of a depthwise convolution).
 // Successive bands of one thread share K - S expanded rows, which move to the front of the
-// scratch instead of being expanded again. Results are bit-identical to the separate conv2d
-// calls: the same exact sums and the same requantization.
+// scratch instead of being expanded again. Hosted, planes below 28x28 take another way
+// (run_block's channel split): each thread takes a slice of the E channels over the whole
+// plane. Results are bit-identical to the separate conv2d calls: the same exact sums and the
+// same requantization.
 #include <cstring>
 
 #include "kernels/portable/geometry.h"
 #include "kernels/quantized/depthwise.h"
+#include "kernels/quantized/depthwise_lanes.h"
 #include "kernels/quantized/qgemm.h"
 #include "kernels/quantized/requant.h"
 #include "native_functions.h"
@@ -40,6 +43,40 @@ constexpr int64_t kBandBytes = 384 * 1024;
 
 using Block = SeparableBlock;  // (padding rows: the zero point)
 
+#if !defined(ETB_BARE_METAL)
+// Hosted, planes smaller than this take the channel split instead of bands: a band's
+// per-channel setup costs more there than its rows gain, and channel lanes beat the direct
+// depthwise path the bands use. MobileNetV2 int8's 14x14 and 7x7 blocks at 2 threads, in the
+// host's slow placement: the model in 0.92x the time of their separate calls (1.35-1.37 ms
+// against 1.46-1.50), the same in the fast one. (Bare metal has no threads: bands, whose
+// scratch is smaller.)
+constexpr int64_t kMinBandPlane = 28 * 28;
+
+// Channels of a slice: whole row tiles of the products and whole 16-channel lane blocks.
+int64_t slice_unit() {
+  const int64_t r = qgemm_tile_rows();
+  int64_t a = r, b = 16;
+  while (b != 0) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return r / a * 16;
+}
+
+// A product's raw int32 sums stored as they are (a slice's part of the projection).
+struct SumsOut {
+  int32_t* c;
+  int64_t ld;
+};
+void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                int64_t ld) {
+  const SumsOut& o = *static_cast<const SumsOut*>(ctx);
+  for (int64_t i = 0; i < mr; ++i)
+    std::memcpy(o.c + (m0 + i) * o.ld + n0, acc + i * ld, size_t(nr) * sizeof(int32_t));
+}
+#endif
+
 // Checks a weight's dtype and shape [d0, d1, d2, d2] (as conv2d would find it).
 Error check_weight(const Tensor& w, const char* op, const char* name, int64_t d0, int64_t d1,
                    int64_t d2) {
@@ -49,6 +86,18 @@ Error check_weight(const Tensor& w, const char* op, const char* name, int64_t d0
                 "%s: %s must be a Char (int8) tensor of shape [%lld, %lld, %lld, %lld]", op, name,
                 (long long)d0, (long long)d1, (long long)d2, (long long)d2);
   return Error::Ok;
+}
+
+// Panels of B a band's product packs at a time: as many as conv.cpp's products take, hosted;
+// on bare metal one, so that a band's scratch stays small (DS-CNN's pairs on a Cortex-M
+// took 59 KiB with conv.cpp's group, 32 KiB of it panels).
+int64_t panel_group(int64_t K) {
+#if defined(ETB_BARE_METAL)
+  (void)K;
+  return 1;
+#else
+  return qgemm_panel_group(K);
+#endif
 }
 
 // The block's sizes from its arguments, `we` nullptr without an expansion (quietly: false
@@ -210,9 +259,101 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, double 
                                 nullptr,
                                 OP};
 
+#if !defined(ETB_BARE_METAL)
+  // Small planes: each thread expands and filters a slice of the E channels over the whole
+  // plane and projects it into int32 partial sums, which a second loop adds up and
+  // requantizes (exactly: the sums are the same integers). Two loops a block, where the
+  // separate convolutions take four or five, and the E-channel tensors stay in the thread's
+  // scratch.
+  if (b.H * b.W < kMinBandPlane) {
+    const int threads = ctx.num_threads();
+    const int64_t unit = slice_unit(), units = (b.E + unit - 1) / unit;
+    const int64_t slices = threads < units ? threads : units;
+    const int64_t widest = (units + slices - 1) / slices * unit;
+    const ConvShape dws{1,    widest, b.H, b.W,   widest, b.K, b.K, b.OH,
+                        b.OW, b.S,    b.S, b.pad, b.pad,  1,   1,   widest};
+    const bool lanes = depthwise_lanes_suit(dws);
+    const int64_t group_e = qgemm_panel_group(b.C);
+    const size_t ex_bytes = expand != nullptr ? align64(size_t(widest * HW)) : 0;
+    const size_t fi_bytes = align64(size_t(widest * OP));
+    const size_t dw_bytes =
+        align64(lanes ? depthwise_lanes_temp_bytes(dws, 1) : depthwise_direct_temp_bytes(dws, 1));
+    const size_t pe_bytes = expand != nullptr ? size_t(group_e) * qgemm_panel_bytes(b.C) : 0;
+    const size_t ws_bytes = align64(qgemm_workspace_bytes(b.O, OP, b.E, 1));
+    const size_t per_thread = ex_bytes + fi_bytes + dw_bytes + align64(pe_bytes) + ws_bytes;
+    const size_t part_bytes = slices > 1 ? size_t(b.N * slices * b.O * OP) * sizeof(int32_t) : 0;
+    Result<void*> mem = ctx.allocate_temp(per_thread * size_t(threads) + part_bytes, 64);
+    if (!mem.ok()) return mem.error();
+    int32_t* partials =
+        reinterpret_cast<int32_t*>(static_cast<char*>(mem.value()) + per_thread * size_t(threads));
+    const KernelContext serial = ctx.within_task();
+    const int8_t* x = input.data_as<int8_t>();
+    const int8_t* wd = wd_t.data_as<int8_t>();
+    int8_t* y = out.data_as<int8_t>();
+    auto slice = [&](int64_t task, int thread) {
+      const int64_t n = task / slices, sl = task % slices;
+      const int64_t e0 = units * sl / slices * unit;
+      const int64_t e1 =
+          units * (sl + 1) / slices * unit < b.E ? units * (sl + 1) / slices * unit : b.E;
+      const int64_t ne = e1 - e0;
+      char* mine = ctx.thread_slice(thread, mem.value(), per_thread);
+      int8_t* ex = reinterpret_cast<int8_t*>(mine);
+      int8_t* fi = reinterpret_cast<int8_t*>(mine + ex_bytes);
+      void* dw_temp = mine + ex_bytes + fi_bytes;
+      int16_t* panels = reinterpret_cast<int16_t*>(mine + ex_bytes + fi_bytes + dw_bytes);
+      void* ws = mine + ex_bytes + fi_bytes + dw_bytes + align64(pe_bytes);
+      const int8_t* xn = x + n * b.C * HW;
+      const int8_t* src = xn + e0 * HW;  // the depthwise convolution's input channels
+      if (expand != nullptr) {
+        ConvEpilogue e = expansion;
+        e.wsum += e0;
+        e.mult += e0;
+        e.bias += e0;
+        e.out = ex;
+        e.ldo = HW;
+        qgemm_packed(ne, HW, b.C, a_expand + qgemm_packed_a_bytes(e0, b.C) / sizeof(int16_t), xn,
+                     HW, 1, panels, group_e, conv_tile, &e);
+        src = ex;
+      }
+      const ConvShape ds{1,    ne,  b.H, b.W,   ne,    b.K, b.K, b.OH,
+                         b.OW, b.S, b.S, b.pad, b.pad, 1,   1,   ne};
+      if (lanes)
+        depthwise_lanes(serial, ds, src, int32_t(mid_zp), wd + e0 * b.K * b.K, mult + b.E + e0,
+                        bias + b.E + e0, q2, fi, dw_temp);
+      else
+        depthwise_direct_serial(ds, src, HW, int32_t(mid_zp), wd + e0 * b.K * b.K, mult + b.E + e0,
+                                bias + b.E + e0, q2, fi, OP, dw_temp);
+      if (slices == 1) {  // the whole projection, requantized as it goes
+        ConvEpilogue e = projection;
+        e.out = y + n * b.O * OP;
+        qgemm(serial, b.O, OP, b.E, wp, b.E, fi, OP, 1, ws, conv_tile, &e, a_project);
+      } else {
+        SumsOut o{partials + (n * slices + sl) * b.O * OP, OP};
+        qgemm(serial, b.O, OP, ne, wp + e0, b.E, fi, OP, 1, ws, store_sums, &o);
+      }
+    };
+    ctx.parallel_for(b.N * slices, slice);
+    if (slices == 1) return Error::Ok;
+    const int64_t rows = qgemm_tile_rows(), tiles = (b.O + rows - 1) / rows;
+    auto deliver = [&](int64_t task, int) {
+      const int64_t n = task / tiles, m0 = task % tiles * rows;
+      const int64_t mr = b.O - m0 < rows ? b.O - m0 : rows;
+      int32_t* c = partials + n * slices * b.O * OP + m0 * OP;
+      for (int64_t sl = 1; sl < slices; ++sl) {
+        const int32_t* p = c + sl * b.O * OP;
+        for (int64_t i = 0; i < mr * OP; ++i) c[i] += p[i];
+      }
+      ConvEpilogue e = projection;
+      e.out = y + n * b.O * OP;
+      conv_tile(&e, m0, 0, mr, OP, c, OP);
+    };
+    ctx.parallel_for(b.N * tiles, deliver);
+    return Error::Ok;
+  }
+#endif
   // Each thread's scratch: a band's expanded rows (E planes of `pitch` bytes), its filtered
   // rows, the depthwise convolution's planes and the products' panels of B.
-  const int64_t group_e = qgemm_panel_group(b.C), group_p = qgemm_panel_group(b.E);
+  const int64_t group_e = panel_group(b.C), group_p = panel_group(b.E);
   const size_t ex_bytes = align64(size_t(b.E * pitch));
   const size_t fi_bytes = align64(size_t(b.E * rows * b.OW));
   const size_t dw_bytes = align64(depthwise_direct_temp_bytes(b.band(rows), 1));
