@@ -18,6 +18,7 @@
 // at the plane's last row, so that the same last pixels of the plane, and only they, are dot
 // products, as in one call over the whole plane.
 #include <cstring>
+#include <numeric>
 
 #include "kernels/portable/depthwise.h"
 #include "kernels/portable/gemm.h"
@@ -29,29 +30,12 @@ namespace etb {
 namespace native {
 namespace {
 
-// A band's expanded and filtered rows within this budget: on hosts, inside a core's L2, as the
-// int8 kernel's bands. On bare metal, little RAM.
-#if defined(ETB_BARE_METAL)
-constexpr int64_t kBandBytes = 16 * 1024;
-#else
-constexpr int64_t kBandBytes = 384 * 1024;
-#endif
-
 constexpr int64_t kVector = simd::VecF::kWidth;
-
-int64_t gcd(int64_t a, int64_t b) {
-  while (b != 0) {
-    const int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
 
 // Rows of `width` pixels that fill whole vectors: a product call starting and ending on
 // multiples of it has no dot-product columns.
 int64_t whole_vector_rows(int64_t width) {
-  return kVector / gcd(width, kVector);
+  return kVector / std::gcd(width, kVector);
 }
 
 int64_t round_down(int64_t v, int64_t unit) {
@@ -155,7 +139,8 @@ Error run_block(KernelContext& ctx, const char* op, const Tensor& input, const C
     return b.E * int64_t(sizeof(float)) * ((b.in_rows(r) + 2 * (unit_in - 1)) * b.W + r * b.OW);
   };
   int64_t band_units = 1;
-  while (band_units * unit_out < b.OH && band_bytes((band_units + 1) * unit_out) <= kBandBytes)
+  while (band_units * unit_out < b.OH &&
+         band_bytes((band_units + 1) * unit_out) <= kSeparableBandBytes)
     ++band_units;
   const int64_t rows = band_units * unit_out < b.OH ? band_units * unit_out : b.OH;
   // A band's expanded rows, from a row on a unit boundary to one past its last row rounded up

@@ -291,6 +291,18 @@ inline bool square_item(Span<const int64_t> v, int64_t* out) {
   return true;
 }
 
+/// The most bytes of a band's expanded and filtered rows (the expand_depthwise_project kernels,
+/// Float and int8): on hosts, inside a core's L2 with room to spare (Zen 5's 1 MiB; a phone's
+/// big core has 512 KiB to 1 MiB). Each band costs a setup per channel, so bands as big as the
+/// cache allows: MobileNetV2 int8's fused blocks at one thread (AVX-512) took 1.06x and 1.12x
+/// the three convolutions' time (two runs) in bands of 160 KiB, 0.99x and 1.01x in bands of
+/// 384 KiB (fp32: the same within noise from 256 KiB to 1 MiB). On bare metal, little RAM.
+#if defined(ETB_BARE_METAL)
+constexpr int64_t kSeparableBandBytes = 16 * 1024;
+#else
+constexpr int64_t kSeparableBandBytes = 384 * 1024;
+#endif
+
 /// The sizes of a MobileNet block run as one kernel, a band of output rows at a time (the
 /// expand_depthwise_project kernels, Float and int8).
 struct SeparableBlock {

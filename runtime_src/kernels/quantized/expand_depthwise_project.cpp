@@ -18,6 +18,7 @@
 // plane. Results are bit-identical to the separate conv2d calls: the same exact sums and the
 // same requantization.
 #include <cstring>
+#include <numeric>
 
 #include "kernels/portable/geometry.h"
 #include "kernels/quantized/depthwise.h"
@@ -30,16 +31,6 @@ namespace etb {
 namespace quantized {
 namespace {
 
-// A band's expanded and filtered rows within this budget: on hosts, inside a core's L2 with
-// room to spare (Zen 5's 1 MiB; a phone's big core has 512 KiB to 1 MiB). Each band costs a
-// setup per channel, so bands as big as the cache allows: MobileNetV2 int8's fused blocks at
-// one thread (AVX-512) took 1.06x and 1.12x the three convolutions' time (two runs) in bands
-// of 160 KiB, 0.99x and 1.01x in bands of 384 KiB. On bare metal, little RAM.
-#if defined(ETB_BARE_METAL)
-constexpr int64_t kBandBytes = 16 * 1024;
-#else
-constexpr int64_t kBandBytes = 384 * 1024;
-#endif
 
 using Block = SeparableBlock;  // (padding rows: the zero point)
 
@@ -52,16 +43,11 @@ using Block = SeparableBlock;  // (padding rows: the zero point)
 // scratch is smaller.)
 constexpr int64_t kMinBandPlane = 28 * 28;
 
-// Channels of a slice: whole row tiles of the products and whole 16-channel lane blocks.
+// Channels of a slice: whole row tiles of the products and whole 16-channel lane blocks (so
+// that the packed rows of A before a slice fill whole 64-byte lines, as
+// qgemm_packed_a_bytes counts them).
 int64_t slice_unit() {
-  const int64_t r = qgemm_tile_rows();
-  int64_t a = r, b = 16;
-  while (b != 0) {
-    const int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return r / a * 16;
+  return std::lcm(qgemm_tile_rows(), int64_t(16));
 }
 
 // A product's raw int32 sums stored as they are (a slice's part of the projection).
@@ -125,7 +111,9 @@ bool block_of(const Tensor& input, const Tensor* we, const Tensor& wd, const Ten
 // The most output rows a band: as many as the budget holds (at least one).
 int64_t band_rows(const Block& b) {
   int64_t rows = 1;
-  while (rows < b.OH && b.E * (b.in_rows(rows + 1) * b.W + (rows + 1) * b.OW) <= kBandBytes) ++rows;
+  while (rows < b.OH &&
+         b.E * (b.in_rows(rows + 1) * b.W + (rows + 1) * b.OW) <= kSeparableBandBytes)
+    ++rows;
   return rows;
 }
 
