@@ -21,9 +21,9 @@ def fuse_runtime_blocks(ctx: Context) -> int:
     """Fuses the MobileNet blocks left to the runtime's kernels, when the config asks for it, and
     counts the ops again; returns how many blocks were fused."""
     g = ctx.artifacts["graph"]
-    lower = ctx.cfg.pipeline.lower
+    int8, floats = ctx.cfg.pipeline.lower.fuse_blocks, ctx.cfg.pipeline.lower.fuse_float_blocks
     threads = TargetKind(ctx.cfg.target.kind) != TargetKind.cortex_m  # bare metal: none
-    fused = fuse_blocks(g, lower.fuse_blocks, lower.fuse_float_blocks, threads)
+    fused = fuse_blocks(g, int8, floats, threads)
     if fused:
         ctx.artifacts["op_counts"] = check_ops(g)
     return fused
