@@ -92,24 +92,8 @@ REFERENCE = {
 }
 
 
-def _register() -> None:
-    for name, args in SCHEMAS.items():
-        ref = REFERENCE[name]
-        _lib.define(f"{name}({args}) -> Tensor")
-        _lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
-
-        def out_variant(*args, out, _ref=ref):
-            result = _ref(*args)
-            out.resize_(result.shape)
-            return out.copy_(result)
-
-        _lib.impl(name, ref, "CompositeExplicitAutograd")
-        _lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
-        # conv2d on fake tensors gives the shapes
-        torch.library.register_fake(f"{NAMESPACE}::{name}", ref, lib=_lib)
-
-
-_register()
+# conv2d on fake tensors gives the shapes: the reference is the fake too
+qops.define_ops(_lib, NAMESPACE, SCHEMAS, REFERENCE, REFERENCE)
 ops = getattr(torch.ops, NAMESPACE)
 
 # ---- matching ------------------------------------------------------------------------------

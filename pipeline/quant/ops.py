@@ -313,11 +313,13 @@ FAKE = {
 }
 
 
-def _register() -> None:
-    for name, args in SCHEMAS.items():
-        _lib.define(f"{name}({args}) -> Tensor")
-        _lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
-        ref = REFERENCE[name]
+def define_ops(lib, namespace: str, schemas: dict, reference: dict, fake: dict) -> None:
+    """Defines each op of ``schemas`` (name -> argument list) in ``lib``: its functional and
+    ``.out`` forms, both running ``reference[name]``, and ``fake[name]`` for shapes."""
+    for name, args in schemas.items():
+        lib.define(f"{name}({args}) -> Tensor")
+        lib.define(f"{name}.out({args}, *, Tensor(a!) out) -> Tensor(a!)")
+        ref = reference[name]
 
         def functional(*args, _ref=ref):
             return _ref(*args)
@@ -327,11 +329,11 @@ def _register() -> None:
             out.resize_(result.shape)
             return out.copy_(result)
 
-        _lib.impl(name, functional, "CompositeExplicitAutograd")
-        _lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", FAKE[name], lib=_lib)
+        lib.impl(name, functional, "CompositeExplicitAutograd")
+        lib.impl(f"{name}.out", out_variant, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{namespace}::{name}", fake[name], lib=lib)
 
 
-_register()
+define_ops(_lib, NAMESPACE, SCHEMAS, REFERENCE, FAKE)
 
 ops = getattr(torch.ops, NAMESPACE)

@@ -50,17 +50,6 @@ int64_t slice_unit() {
   return std::lcm(qgemm_tile_rows(), int64_t(16));
 }
 
-// A product's raw int32 sums stored as they are (a slice's part of the projection).
-struct SumsOut {
-  int32_t* c;
-  int64_t ld;
-};
-void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
-                int64_t ld) {
-  const SumsOut& o = *static_cast<const SumsOut*>(ctx);
-  for (int64_t i = 0; i < mr; ++i)
-    std::memcpy(o.c + (m0 + i) * o.ld + n0, acc + i * ld, size_t(nr) * sizeof(int32_t));
-}
 #endif
 
 // Checks a weight's dtype and shape [d0, d1, d2, d2] (as conv2d would find it).

@@ -751,18 +751,6 @@ size_t sums_bytes(int64_t M, int64_t N) {
   return align64(size_t(M * N) * sizeof(int32_t));
 }
 
-// A tile's sums stored into an int32 matrix (row m0 of the product at c + m0 * ld).
-struct SumsOut {
-  int32_t* c;
-  int64_t ld;
-};
-
-void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
-                int64_t acc_ld) {
-  const SumsOut& o = *static_cast<const SumsOut*>(ctx);
-  for (int64_t i = 0; i < mr; ++i)
-    std::memcpy(o.c + (m0 + i) * o.ld + n0, acc + i * acc_ld, size_t(nr) * sizeof(int32_t));
-}
 
 }  // namespace
 
@@ -807,6 +795,13 @@ void qgemm_depth_halves(const KernelContext& kctx, int64_t M, int64_t N, int64_t
     fn(ctx, m0, 0, mr, N, c, N);
   };
   kctx.parallel_for(row_tiles, deliver);
+}
+
+void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                int64_t acc_ld) {
+  const SumsOut& o = *static_cast<const SumsOut*>(ctx);
+  for (int64_t i = 0; i < mr; ++i)
+    std::memcpy(o.c + (m0 + i) * o.ld + n0, acc + i * acc_ld, size_t(nr) * sizeof(int32_t));
 }
 
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,

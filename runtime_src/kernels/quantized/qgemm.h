@@ -135,6 +135,15 @@ void qgemm_taps(int64_t m_begin, int64_t m_end, int64_t C, int64_t T, const int1
                 const int32_t* words, const int64_t* offsets, int64_t q_begin, int64_t q_end,
                 int64_t block, QTileFn fn, void* ctx);
 
+/// A QTileFn that stores each tile's raw sums into an int32 matrix: ctx is a SumsOut, row m0
+/// of the product at c + m0 * ld (a product's part of a sum finished later).
+struct SumsOut {
+  int32_t* c;
+  int64_t ld;
+};
+void store_sums(void* ctx, int64_t m0, int64_t n0, int64_t mr, int64_t nr, const int32_t* acc,
+                int64_t acc_ld);
+
 /// Row sums of A (M x K, leading dimension lda): the zero-point correction of each row; the
 /// rows are split over kctx's threads.
 void row_sums(const KernelContext& kctx, int64_t M, int64_t K, const int8_t* A, int64_t lda,
