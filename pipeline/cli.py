@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -62,6 +64,25 @@ def check_recipe(cfg: DictConfig, recipe_file: str | None) -> None:
     check_header(header, where, Path(recipe_file).stem if recipe_file else None)
 
 
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Runs the stages' own torch computations on one thread, then restores the count.
+
+    How torch splits a convolution or a reduction over its threads changes the low bits of
+    the sums, and so calibration's ranges, the quantized program and the eager references.
+    On one thread a build is the same bytes on every machine and in every process (a CLI run
+    on 8 cores, a bench that set 1 thread, a sweep's workers), which the stage cache relies
+    on: its keys do not, and should not, hold the thread count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def build(
     cfg: DictConfig,
     run_dir: Path,
@@ -103,9 +124,10 @@ def build(
     root = cache_root(cfg)
     cache = StageCache(root) if cfg.pipeline.cache else None
     started = time.time()
-    ctx = run_stages(
-        STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, cache=cache
-    )
+    with one_torch_thread():
+        ctx = run_stages(
+            STAGES, cfg, run_dir, stop_after=stop.value if stop is not None else None, cache=cache
+        )
     limit = cfg.build.cache_max_gb
     if limit is not None:
         used = set(cache.used) if cache is not None else set()

@@ -127,6 +127,27 @@ def test_stop_after_a_cached_stage_uses_the_cache_up_to_it(first_run: Path, tmp_
     assert (tmp_path / "run/memory_plan.json").read_bytes() == first
 
 
+def test_a_build_is_the_same_whatever_torchs_thread_count(tmp_path: Path) -> None:
+    """Torch's thread count changes the low bits of calibration's sums, and MobileNetV3's
+    quantized program with them; the stages run on one torch thread, so a process that set 2
+    (a CLI run here) and one that set 1 (a bench) build the same bytes, as the cache, keyed
+    without the count, assumes. The process's count is restored after each build."""
+    import torch
+
+    before = torch.get_num_threads()
+    args = ["model=mobilenet_v3_small", "+quant=ptq", "pipeline.stop_after=emit"]
+    programs = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            build_in_process(args, tmp_path / str(threads))
+            assert torch.get_num_threads() == threads
+            programs.append((tmp_path / str(threads) / "model.pte").read_bytes())
+    finally:
+        torch.set_num_threads(before)
+    assert programs[0] == programs[1]
+
+
 def test_checkpoint_contents_are_part_of_the_key(tmp_path: Path) -> None:
     import torch
 
