@@ -122,7 +122,7 @@ def _check(rt, pipeline_program, cases, acts=None, profile_has=None, threads=1):
 
 def test_fast_path(rt, pipeline_program):
     torch.manual_seed(SEED)
-    _check(rt, pipeline_program, _fast_cases(random.Random(SEED), 28))
+    _check(rt, pipeline_program, _fast_cases(random.Random(SEED), 28), threads=4)
 
 
 def test_mobilenet_shapes(rt, pipeline_program):
@@ -165,9 +165,9 @@ def test_channel_lanes(rt, pipeline_program):
 
 
 def test_threads_split_channels_bit_identically(rt, pipeline_program):
-    """At 2 to 4 threads the channels are split in runs, each with its thread's scratch: the
-    templated, tap-table and plain paths, strides 1 to 3, batch 2, a fused clamp. Every output
-    is bit-identical to one thread's."""
+    """At 2 to 4 threads each thread takes a band of rows, in runs of channels, with its own
+    scratch: the templated, tap-table and plain paths, strides 1 to 3, batch 2, a fused clamp.
+    Every output is bit-identical to one thread's."""
     torch.manual_seed(SEED + 60)
     rng = random.Random(SEED + 60)
     shapes = [(6, 112, 3, 1, 1), (5, 57, 3, 2, 1), (4, 33, 5, 1, 1), (3, 40, 5, 2, 2),
@@ -182,14 +182,35 @@ def test_threads_split_channels_bit_identically(rt, pipeline_program):
     _check(rt, pipeline_program, cases, acts, threads=4)
 
 
+def test_bands_of_rows(rt, pipeline_program):
+    """The bands' edges at 2 to 4 threads: the first band's padding above, the last one's
+    below (all of it, the band starting inside the plane), bands of 2 rows, strides whose band
+    starts fall between input rows, dilation, a channel multiplier, planes on lanes (14x14) and
+    on planes, and a plane whose last band would read padding alone (1x1 kernel, padding 3:
+    the whole plane, one band). Outputs against torch, bit-identical at every count."""
+    torch.manual_seed(SEED + 80)
+    rng = random.Random(SEED + 80)
+    # (C, mult, H, W, kernel, stride, padding, dilation)
+    shapes = [(5, 1, 8, 9, 3, 1, 1, 1), (4, 1, 9, 40, 3, 2, 1, 1), (3, 2, 23, 20, 5, 2, 2, 1),
+              (6, 1, 30, 31, 3, 1, 2, 2), (3, 1, 11, 12, 5, 3, 4, 1), (16, 1, 14, 14, 3, 1, 1, 1),
+              (3, 1, 2, 5, 1, 1, 3, 1), (2, 1, 57, 33, 7, 1, 3, 1)]  # fmt: skip
+    cases = [
+        (_depthwise(rng, c, (k, k), stride=s, padding=p, dilation=d, mult=m),
+         torch.randn(1, c, h, w))
+        for c, m, h, w, k, s, p, d in shapes
+    ]  # fmt: skip
+    acts = [nn.ReLU6() if i % 2 else None for i in range(len(cases))]
+    _check(rt, pipeline_program, cases, acts, threads=4)
+
+
 def test_general_path(rt, pipeline_program):
     torch.manual_seed(SEED + 10)
-    _check(rt, pipeline_program, _general_cases(random.Random(SEED + 10), 14))
+    _check(rt, pipeline_program, _general_cases(random.Random(SEED + 10), 14), threads=4)
 
 
 def test_conv1d(rt, pipeline_program):
     torch.manual_seed(SEED + 20)
-    _check(rt, pipeline_program, _conv1d_cases(random.Random(SEED + 20), 10))
+    _check(rt, pipeline_program, _conv1d_cases(random.Random(SEED + 20), 10), threads=4)
 
 
 def test_planes_too_large_for_scratch(rt, pipeline_program):

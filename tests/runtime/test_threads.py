@@ -65,6 +65,49 @@ def test_thread_count_is_checked(rt, program):
         rt.load(str(pte), threads=65)
 
 
+class LargePlanes(nn.Module):
+    """A MobileNetV2 block and a residual on planes that the threads split by pixels (at least
+    56x56, kernel/parallel.h): pointwise products by runs of columns (an expansion, and a
+    projection of 144 channels into 24 that smaller planes take in halves of the depth), the
+    depthwise convolutions (stride 1 and 2) by bands of rows, the residual add by runs of
+    every plane, a 3x3 convolution's padded copy by bands of rows (its product by runs of
+    columns). 60x61 pixels: the columns end in a partial tile and dot columns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 24, 3, 2, 1)
+        self.expand = nn.Conv2d(24, 144, 1)
+        self.dw = nn.Conv2d(144, 144, 3, 1, 1, groups=144)
+        self.project = nn.Conv2d(144, 24, 1)
+        self.down = nn.Conv2d(24, 24, 3, 2, 1, groups=24)
+        self.conv = nn.Conv2d(24, 24, 3, 1, 1)
+
+    def forward(self, x):
+        x = nn.functional.relu6(self.stem(x))
+        h = nn.functional.relu6(self.dw(nn.functional.relu6(self.expand(x))))
+        y = x + self.project(h)
+        return y, self.down(y), torch.relu(self.conv(y))
+
+
+def test_large_planes_split_by_pixels_bit_identically(rt, tmp_path):
+    from rt_helpers import build_with_pipeline
+
+    torch.manual_seed(2)
+    x = torch.randn(1, 3, 120, 121)
+    module = LargePlanes().eval()
+    pte = build_with_pipeline(module, [x], tmp_path)
+    with torch.no_grad():
+        want = module(x)
+    one = rt.load(str(pte), threads=1).run([x])
+    for got, ref in zip(one, want, strict=True):
+        assert ref.std() > 0.1  # outputs of order one that vary
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    for threads in (2, 3, 4):
+        outs = rt.load(str(pte), threads=threads).run([x])
+        for i, (got, ref) in enumerate(zip(outs, one, strict=True)):
+            assert torch.equal(got, ref), f"output {i} at threads={threads} differs from one"
+
+
 class Elementwise(nn.Module):
     """The elementwise, reduction and pooling kernels that split their work over threads, on
     tensors big enough to be split (64K elements, more than one task each)."""

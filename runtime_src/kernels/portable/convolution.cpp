@@ -6,6 +6,9 @@
 // of the input, with no im2col; everything else packs column tiles (im2col) into temp memory
 // and runs the GEMM on them. Bias and a fused activation clamp are applied in the GEMM's
 // epilogue.
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/portable/depthwise.h"
 #include "kernels/portable/gemm.h"
 #include "kernels/portable/geometry.h"
@@ -151,15 +154,26 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   std::fill(taps + s.C * plane, taps + s.C * plane + kTapsSlack, 0.f);
   const int64_t HW = s.H * s.W;
   const KernelContext serial = ctx.within_task();
+  // On a large plane whose product the threads split by columns alone, each thread fills a
+  // band of the layout's rows of every plane: the rows its runs of columns read, from the
+  // rows of the input that it wrote in the layer before (see splits_pixels). Else each fills
+  // whole planes.
+  const int64_t fill_bands = splits_pixels(P, threads) && chunks == 1 && s.groups == 1 &&
+                                     runs % threads == 0 && L.Hq >= threads
+                                 ? threads
+                                 : 1;
+  const int64_t planes = s.C * L.phases();
   for (int64_t n = 0; n < s.N; ++n) {
-    auto fill = [&](int64_t t, int) {
+    auto fill = [&](int64_t task, int) {
+      const int64_t t = task % planes, band = task / planes;
       const float* xc = x + (n * s.C + t / L.phases()) * HW;
       auto interior = [&](float* d, int64_t ih, int64_t iw, int64_t count) {
         copy_strided(d, xc + ih * s.W + iw, count, s.sw);
       };
-      L.fill_plane(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior);
+      L.fill_rows(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior,
+                  L.Hq * band / fill_bands, L.Hq * (band + 1) / fill_bands);
     };
-    ctx.parallel_for(s.C * L.phases(), fill);
+    ctx.parallel_for(fill_bands * planes, fill);
     float* yn = y + n * s.OC * P;
     // Each task multiplies, then copies its own part of the product out (its rows' output
     // pixels among its columns): the thread that wrote the part, while it is in its cache.
@@ -263,30 +277,70 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const int64_t P = s.OH * s.OW;
   if (out.numel() == 0) return Error::Ok;
   if (cin_g == 1 && groups > 1) {
-    // The threads split runs of input channels (of one batch item each), each thread with its
-    // own scratch; a channel is computed the same way in any run.
+    // Depthwise. On a large plane (splits_pixels) each thread takes a band of output rows of
+    // every channel (one band a thread, in runs of channels, so a thread's share of the tasks
+    // is its band): it reads the rows that it wrote in the product before (whose threads
+    // split its columns) and writes those it reads in the next. Elsewhere the threads split
+    // runs of channels. A band's outputs are computed as the whole plane's are, so the bits
+    // do not depend on the threads.
     const int threads = ctx.num_threads();
-    const size_t per_thread = (depthwise_conv_f32_scratch_bytes(s) + 63) / 64 * 64;
+    int64_t bands = splits_pixels(s.H * s.W, threads) && s.OH >= 2 * int64_t(threads) ? threads : 1;
+    // Band b: output rows from r0 on, read from input rows from i0 on; its shape's H rows
+    // (ph: the padding above them, in the first band alone; padded_rows: that below).
+    struct Band {
+      int64_t r0, i0;
+      ConvShape shape;
+    };
+    auto band_of = [&](int64_t b) {
+      Band d;
+      d.r0 = s.OH * b / bands;
+      const int64_t r1 = s.OH * (b + 1) / bands;
+      const int64_t top = d.r0 * s.sh - s.ph, last = (r1 - 1) * s.sh - s.ph + (s.KH - 1) * s.dh;
+      d.i0 = top > 0 ? top : 0;
+      d.shape = s;
+      d.shape.N = 1;
+      d.shape.OH = r1 - d.r0;
+      d.shape.ph = d.i0 - top;
+      d.shape.H = (last + 1 < s.H ? last + 1 : s.H) - d.i0;
+      return d;
+    };
+    for (int64_t b = 0; b < bands; ++b)
+      if (band_of(b).shape.H < 1) bands = 1;  // a band of padding alone: the whole plane
+    size_t per_thread = 0;
+    for (int64_t b = 0; b < bands; ++b)
+      per_thread =
+          std::max(per_thread, (depthwise_conv_f32_scratch_bytes(band_of(b).shape) + 63) / 64 * 64);
+    const int64_t block = depthwise_conv_f32_channel_block(band_of(0).shape);
+    const int64_t tasks = threads == 1 ? 1 : kTasksPerThread * threads / bands;  // a band's
+    const int64_t run = ((s.C + tasks - 1) / tasks + block - 1) / block * block;
+    const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
+    // Each thread's scratch, and the band whose layout its padding holds (zeroed for it).
     Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
-    ThreadScratch mine(ctx, scratch.value(), per_thread, per_thread);
-    const int64_t block = depthwise_conv_f32_channel_block(s);
-    const int64_t tasks = kTasksPerThread * threads;
-    const int64_t run =
-        threads == 1 ? s.C : ((s.C + tasks - 1) / tasks + block - 1) / block * block;
-    const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
+    int64_t one_thread = -1, *layout_band = &one_thread;
+    if (threads > 1) {
+      Result<void*> laid = ctx.allocate_temp(sizeof(int64_t) * size_t(threads), 64);
+      if (!laid.ok()) return laid.error();
+      layout_band = static_cast<int64_t*>(laid.value());
+      std::fill(layout_band, layout_band + threads, int64_t(-1));
+    }
     const float* bd = bias != nullptr ? bias->data_as<float>() : nullptr;
     auto channels = [&](int64_t task, int thread) {
-      const int64_t n = task / runs, c0 = (task % runs) * run;
-      ConvShape part = s;
-      part.N = 1;
-      part.C = part.groups = run < s.C - c0 ? run : s.C - c0;
-      part.OC = part.C * mult;
-      depthwise_conv_f32(part, x + (n * s.C + c0) * s.H * s.W, w + c0 * mult * s.KH * s.KW,
-                         bd != nullptr ? bd + c0 * mult : nullptr, ctx.output_clamp(),
-                         y + (n * s.OC + c0 * mult) * P, mine.slice(thread));
+      const int64_t c0 = (task % runs) * run, b = task / runs % bands, n = task / (runs * bands);
+      Band d = band_of(b);
+      char* mine = ctx.thread_slice(thread, scratch.value(), per_thread);
+      if (layout_band[thread] != b) {
+        std::memset(mine, 0, depthwise_conv_f32_scratch_bytes(d.shape));
+        layout_band[thread] = b;
+      }
+      d.shape.C = d.shape.groups = run < s.C - c0 ? run : s.C - c0;
+      d.shape.OC = d.shape.C * mult;
+      depthwise_conv_f32_strided(d.shape, x + (n * s.C + c0) * s.H * s.W + d.i0 * s.W, s.H * s.W,
+                                 w + c0 * mult * s.KH * s.KW,
+                                 bd != nullptr ? bd + c0 * mult : nullptr, ctx.output_clamp(),
+                                 y + (n * s.OC + c0 * mult) * P + d.r0 * s.OW, P, mine);
     };
-    ctx.parallel_for(s.N * runs, channels);
+    ctx.parallel_for(s.N * bands * runs, channels);
     return Error::Ok;
   }
   const int64_t oc_g = s.OC / groups;
@@ -304,7 +358,9 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
 #if defined(ETB_BARE_METAL)
     const bool halves = false;
 #else
-    const bool halves = sgemm_splits_depth(oc_g, P, K);
+    // Not on a large plane, whose threads split the columns (splits_pixels); at any thread
+    // count, as the halves sum in another order.
+    const bool halves = sgemm_splits_depth(oc_g, P, K) && P < kPixelSplitMin;
 #endif
     const size_t ws_bytes =
         halves ? sgemm_depth_halves_workspace_bytes(oc_g, P, K, P, ctx.num_threads())

@@ -76,7 +76,7 @@ bool fixed_taps(const ConvShape& s) {
 
 Layout layout_of(const ConvShape& s) {
   Layout L{};
-  const int64_t Hp = s.H + 2 * s.ph, Wp = s.W + 2 * s.pw;
+  const int64_t Hp = padded_rows(s), Wp = s.W + 2 * s.pw;
   const int64_t limit = int64_t(kMaxScratch / sizeof(float));
   if (s.sh > kMaxStride || s.sw > kMaxStride || Hp > limit || Wp > limit || s.OH < 1 || s.OW < 1)
     return L;

@@ -52,7 +52,7 @@ struct Lanes {
 
 Lanes lanes_of(const ConvShape& s) {
   Lanes L{};
-  L.Hp = s.H + 2 * s.ph;
+  L.Hp = padded_rows(s);
   L.Wp = s.W + 2 * s.pw;
   const int64_t KK = s.KH * s.KW;
   L.t_bytes = align64(size_t(L.Hp * L.Wp * kW) * sizeof(float));
@@ -135,8 +135,8 @@ bool depthwise_lanes_suit(const ConvShape& s) {
   if (s.OH * s.OW > kMaxOutputs && !(strided && kW >= 8)) return false;
   // The sizes in bytes, checked before they are multiplied out.
   const int64_t limit = int64_t(kMaxScratch / sizeof(float));
-  if (s.H + 2 * s.ph > limit || s.W + 2 * s.pw > limit || s.KH * s.KW > limit ||
-      s.OH * s.OW > limit || (s.H + 2 * s.ph) * (s.W + 2 * s.pw) > limit)
+  if (padded_rows(s) > limit || s.W + 2 * s.pw > limit || s.KH * s.KW > limit ||
+      s.OH * s.OW > limit || padded_rows(s) * (s.W + 2 * s.pw) > limit)
     return false;
   return lanes_of(s).total() <= kMaxScratch;
 }

@@ -39,18 +39,28 @@ inline C apply(BinOp op, C a, C b, C alpha) {
   return a;
 }
 
-// Calls row(...) (see for_each_row) for every output element, split over ctx's threads.
+// Calls row(...) (see for_each_row) for every output element, split over ctx's threads: on
+// planes of `plane` pixels that are large (splits_pixels), each thread takes a run of pixels
+// of every plane, as the convolutions around split them; else runs of the elements.
 template <typename F>
-void parallel_rows(const KernelContext& ctx, const Broadcast2& p, int64_t numel, F&& row) {
+void parallel_rows(const KernelContext& ctx, const Broadcast2& p, int64_t numel, int64_t plane,
+                   F&& row) {
+  if (splits_pixels(plane, ctx.num_threads()) && numel > plane) {
+    const int64_t planes = numel / plane;
+    parallel_range(ctx, plane, planes, [&](int64_t b, int64_t e) {
+      for (int64_t i = 0; i < planes; ++i) for_each_row(p, i * plane + b, i * plane + e, row);
+    });
+    return;
+  }
   parallel_range(ctx, numel, 1, [&](int64_t b, int64_t e) { for_each_row(p, b, e, row); });
 }
 
 // Same-dtype fast path: out, a, b all of type T; the op is a template parameter so the inner
 // loops have no branches and vectorize.
 template <typename T, BinOp OP>
-void binary_same(const KernelContext& ctx, const Broadcast2& p, int64_t numel, const T* a,
-                 const T* b, T* out, T alpha) {
-  parallel_rows(ctx, p, numel,
+void binary_same(const KernelContext& ctx, const Broadcast2& p, int64_t numel, int64_t plane,
+                 const T* a, const T* b, T* out, T alpha) {
+  parallel_rows(ctx, p, numel, plane,
                 [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
                   T* o = out + oo;
                   const T* x = a + oa;
@@ -79,7 +89,7 @@ void binary_mixed(const KernelContext& ctx, BinOp op, const Broadcast2& p, const
   const void* bd = b.data();
   void* od = out.data();
   ScalarType at = a.dtype(), bt = b.dtype(), ot = out.dtype();
-  parallel_rows(ctx, p, out.numel(),
+  parallel_rows(ctx, p, out.numel(), plane_pixels(out),
                 [&](int64_t oo, int64_t oa, int64_t sa, int64_t ob, int64_t sb, int64_t n) {
                   for (int64_t i = 0; i < n; ++i) {
                     C x = load_as<C, kA>(ad, at, oa + i * sa);
@@ -147,8 +157,8 @@ Error binary(const KernelContext& ctx, const char* name, const Tensor& a, const 
   if (a.dtype() == out.dtype() && b.dtype() == out.dtype()) {
     const bool done = dispatch_dtype<kSame>(out.dtype(), [&](auto c) {
       using T = decltype(c);
-      binary_same<T, OP>(ctx, p, out.numel(), a.data_as<T>(), b.data_as<T>(), out.data_as<T>(),
-                         scalar_as<T>(alpha));
+      binary_same<T, OP>(ctx, p, out.numel(), plane_pixels(out), a.data_as<T>(), b.data_as<T>(),
+                         out.data_as<T>(), scalar_as<T>(alpha));
     });
     if (done) return Error::Ok;
   }

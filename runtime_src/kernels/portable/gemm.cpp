@@ -19,6 +19,7 @@
 // contiguous: a tile then reads whole lines, one per step, in order.
 #include "kernels/portable/gemm.h"
 
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -285,9 +286,18 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   constexpr int kNR = NV * kW, kMergedNV = merged_nv<MR, NV>();
   nc_block = whole_tiles<NV>(nc_block);
   if (kc_block < 1) kc_block = 1;
+  const int64_t depth_blocks = K > 0 ? (K + kc_block - 1) / kc_block : 1;
+  // With threads, a product over a large plane's pixels (N) gives each thread a run of whole
+  // columns (splits_pixels): column blocks of equal width, each thread a whole number of
+  // them, or of their halves.
+  const bool by_columns = depth_blocks == 1 && !depth_in_task && panels == nullptr &&
+                          splits_pixels(N, ctx.num_threads());
+  if (by_columns) {
+    const int64_t blocks = (N + nc_block - 1) / nc_block;
+    nc_block = ((N + blocks - 1) / blocks + kNR - 1) / kNR * kNR;
+  }
   const int64_t row_tiles = (M + MR - 1) / MR;
   const int64_t col_blocks = (N + nc_block - 1) / nc_block;
-  const int64_t depth_blocks = K > 0 ? (K + kc_block - 1) / kc_block : 1;
   // Only the last column block can end in a partial tile, of `rem` columns: `tail_nv` whole
   // vectors read in place, then `dot_cols` (< kW) columns done as dot products, whose columns
   // of B, for the whole depth, are copied transposed into workspace [dot_cols x K]. The tasks
@@ -335,9 +345,13 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   const int64_t want =
       (depth_in_task ? kVectorRunsPerThread : kTasksPerThread) * int64_t(ctx.num_threads());
   const int64_t units = row_tiles * (one_loop ? col_blocks : 1);
-  const int64_t col_runs = units >= want || ctx.num_threads() == 1
-                               ? 1
-                               : min64(split_tiles(0), (want + units - 1) / units);
+  const int64_t threads = ctx.num_threads();
+  // By columns: runs enough for every thread to have whole ones (threads / gcd of the blocks
+  // and the threads); else runs only where the rows and blocks leave threads short of tasks.
+  const int64_t col_runs =
+      by_columns ? min64(split_tiles(0), threads / std::gcd(col_blocks, threads))
+      : units >= want || threads == 1 ? 1
+                                      : min64(split_tiles(0), (want + units - 1) / units);
   // Tiles [j_begin, j_end) of run `run` in column block `cb`, row tile `rt`, depth block `k0`.
   auto run_tiles = [&](int64_t cb, int64_t rt, int64_t run, int64_t k0) {
     const int64_t n0 = cb * nc_block, nc = min64(nc_block, N - n0);
@@ -403,8 +417,11 @@ void blocked(const KernelContext& ctx, int64_t M, int64_t N, int64_t K, const fl
   if (one_loop) {
     if (panels != nullptr) pack_slice(0, 0);
     auto task = [&](int64_t t, int) {
-      const int64_t run = t % col_runs, rt = (t / col_runs) % row_tiles,
-                    cb = t / (col_runs * row_tiles);
+      // By columns the row tiles are innermost, so a thread's share of the tasks (the pool
+      // gives thread i the i-th share first) is whole runs of columns.
+      const int64_t run = by_columns ? t / row_tiles % col_runs : t % col_runs;
+      const int64_t rt = by_columns ? t % row_tiles : t / col_runs % row_tiles;
+      const int64_t cb = t / (col_runs * row_tiles);
       for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kc_block) run_tiles(cb, rt, run, k0);
     };
     ctx.parallel_for(col_blocks * row_tiles * col_runs, task);

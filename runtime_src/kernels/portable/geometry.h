@@ -21,6 +21,13 @@ struct ConvShape {
   int64_t sh, sw, ph, pw, dh, dw, groups;
 };
 
+/// Rows of zero-padded input that shape s's outputs read: H + 2 ph, or more for a band of a
+/// plane's rows whose padding is all below it (ph = 0: the rows the band reads end past H).
+inline int64_t padded_rows(const ConvShape& s) {
+  const int64_t read = (s.OH - 1) * s.sh + (s.KH - 1) * s.dh + 1;
+  return read > s.H + 2 * s.ph ? read : s.H + 2 * s.ph;
+}
+
 /// n rounded up to a multiple of 64 (scratch offsets that keep 64-byte alignment).
 inline size_t align64(size_t n) {
   return (n + 63) & ~size_t(63);
@@ -213,10 +220,17 @@ struct TapsLayout {
   // elements of input row ih from column iw on, sw apart.
   template <typename T, typename Interior>
   void fill_plane(const ConvShape& s, int64_t t, T pad, T* d, Interior interior) const {
+    fill_rows(s, t, pad, d, interior, 0, Hq);
+  }
+  // fill_plane's rows [i0, i1) of the phase plane alone.
+  template <typename T, typename Interior>
+  void fill_rows(const ConvShape& s, int64_t t, T pad, T* d, Interior interior, int64_t i0,
+                 int64_t i1) const {
     const int64_t a = row_of[t / col_phases], b = col_of[t % col_phases];
     int64_t lo, hi;  // the columns j whose pixel j * sw + b - pw is in the input
     valid_range(Wq, s.W, s.sw, s.pw, b, &lo, &hi);
-    for (int64_t i = 0; i < Hq; ++i, d += Wq) {
+    d += i0 * Wq;
+    for (int64_t i = i0; i < i1; ++i, d += Wq) {
       const int64_t ih = i * s.sh + a - s.ph;
       if (ih < 0 || ih >= s.H) {
         std::fill(d, d + Wq, pad);

@@ -216,6 +216,13 @@ void for_each_row(const Broadcast2& p, F&& f) {
   for_each_row(p, 0, total, f);
 }
 
+/// The pixels of one plane of t (its last two sizes multiplied) when t has 3 dims or more,
+/// else 0: kernels split large planes over threads by pixels (splits_pixels).
+inline int64_t plane_pixels(const Tensor& t) {
+  const int d = int(t.dim());
+  return d >= 3 ? t.size(d - 2) * t.size(d - 1) : 0;
+}
+
 /// Elements of work a task gets at least when a kernel splits elementwise or per-row work over
 /// threads: enough to outweigh waking the pool.
 constexpr int64_t kParallelGrain = 16 * 1024;
