@@ -34,8 +34,8 @@ constexpr int64_t depth_half_runs(int threads) {
 /// band of rows or a run of columns, the same way in the convolutions (sgemm's columns, the
 /// depthwise kernel's rows): a thread then reads mostly what it wrote in the layer before.
 /// Split by channels (a product's rows), each thread reads half of its input from the other
-/// threads' caches, which on a host whose cores sit on different dies takes 2.5x as long as
-/// from its own. Smaller planes keep the channel split, under which a product's rows, the
+/// threads' caches, which in some placements of a VM's cores (on different dies, it seems)
+/// takes 2.5x as long as from its own. Smaller planes keep the channel split, under which a product's rows, the
 /// depthwise channels and the halves of a product's depth line up (and a plane's columns
 /// make too few tiles to share).
 constexpr int64_t kPixelSplitMin = 56 * 56;
