@@ -71,13 +71,26 @@ def delegated_case(case: kb.Case, work: Path) -> tuple[kb.Case, kb.Build]:
 
 
 ROUND_TRIP_SOURCE = r"""
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <vector>
 alignas(64) std::atomic<int> ping{0};
 alignas(64) std::atomic<int> pong{0};
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+// One float of every cache line of x.
+float touch(const std::vector<float>& x) {
+  float s = 0;
+  for (size_t i = 0; i < x.size(); i += 16) s += x[i];
+  return s;
+}
 int main() {
+  // The round trip of a cache line between the two threads.
   const int n = 100000;
   std::thread other([] {
     for (int i = 1; i <= n; ++i) {
@@ -85,23 +98,55 @@ int main() {
       pong.store(i, std::memory_order_release);
     }
   });
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = Clock::now();
   for (int i = 1; i <= n; ++i) {
     ping.store(i, std::memory_order_release);
     while (pong.load(std::memory_order_acquire) != i) {}
   }
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double s = seconds(t0);
   other.join();
-  printf("%.0f\n", s / n * 1e9);
+  // Reading 1.8 MB (a MobileNetV2 activation) that the other thread wrote, against as much
+  // that this thread wrote: the cost of a layer reading another thread's output.
+  const int reps = 31;
+  std::vector<float> mine(460800), theirs(460800);
+  std::vector<double> local, remote;
+  volatile float sink = 0;
+  ping = 0;
+  pong = 0;
+  std::thread writer([&] {
+    for (int r = 1; r <= reps; ++r) {
+      while (ping.load(std::memory_order_acquire) != r) {}
+      std::fill(theirs.begin(), theirs.end(), float(r));
+      pong.store(r, std::memory_order_release);
+    }
+  });
+  for (int r = 1; r <= reps; ++r) {
+    std::fill(mine.begin(), mine.end(), float(r));
+    ping.store(r, std::memory_order_release);
+    while (pong.load(std::memory_order_acquire) != r) {}
+    t0 = Clock::now();
+    sink = sink + touch(mine);
+    local.push_back(seconds(t0));
+    t0 = Clock::now();
+    sink = sink + touch(theirs);
+    remote.push_back(seconds(t0));
+  }
+  writer.join();
+  std::sort(local.begin(), local.end());
+  std::sort(remote.begin(), remote.end());
+  printf("%.0f %.2f\n", s / n * 1e9, remote[reps / 2] / local[reps / 2]);
 }
 """
 
 
 def round_trip_probe(work: Path) -> Path | None:
     """A program that prints the time (ns) for a cache line to go from one thread to another
-    and back. On a virtual machine the host may move the vCPUs between cores that share a
-    cache and cores that do not (on an EPYC: ~120 ns vs ~550 ns), and a 2-thread time moves
-    with it; printed per cell so that a reader can tell which the cell ran on."""
+    and back, and how much longer one thread takes to read 1.8 MB that the other wrote than
+    1.8 MB that it wrote. On a virtual machine the host may move the vCPUs between cores that
+    share a cache and cores that do not (on an EPYC: a round trip of ~120 ns vs ~550 ns, and
+    reads of the other's writes 1.1x vs 2.5x), and a 2-thread time moves with it; printed per
+    cell so that a reader can tell which the cell ran on. (The round trip alone once read
+    124-172 ns while MobileNetV2 ran at its slow-placement times.)"""
     if (os.cpu_count() or 1) < 2:  # the two threads would take turns on one core
         return None
     src, exe = work / "round_trip.cpp", work / "round_trip"
@@ -119,7 +164,8 @@ def round_trip_ns(probe: Path | None) -> str:
         return "?"
     try:
         p = subprocess.run([str(probe)], capture_output=True, text=True, timeout=30)
-        return f"{int(p.stdout.split()[0])} ns"
+        ns, ratio = p.stdout.split()[:2]
+        return f"{int(ns)} ns (other's writes read {float(ratio):.1f}x)"
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return "?"
 
