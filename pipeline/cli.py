@@ -70,9 +70,9 @@ def one_torch_thread() -> Iterator[None]:
 
     How torch splits a convolution or a reduction over its threads changes the low bits of
     the sums, and so calibration's ranges, the quantized program and the eager references.
-    On one thread a build is the same bytes on every machine and in every process (a CLI run
-    on 8 cores, a bench that set 1 thread, a sweep's workers), which the stage cache relies
-    on: its keys do not, and should not, hold the thread count."""
+    On one thread a build is the same bytes whatever the machine's core count and whatever
+    the process set (a CLI run on 8 cores, a bench that set 1 thread, a sweep's workers),
+    which the stage cache relies on: its keys do not, and should not, hold the thread count."""
     import torch
 
     before = torch.get_num_threads()
