@@ -85,6 +85,17 @@ class Parallel {
     (void)thread;
     return 0;
   }
+  /// The tasks thread `thread` ran since counting was switched on, and how many of them it
+  /// took from another thread's share (it finished its own first): a task taken over runs
+  /// on another core than its share's, so its data may be in the other core's cache.
+  virtual uint64_t counted_tasks(int thread) const {
+    (void)thread;
+    return 0;
+  }
+  virtual uint64_t counted_taken_over(int thread) const {
+    (void)thread;
+    return 0;
+  }
 };
 
 }  // namespace etb

@@ -110,7 +110,7 @@ bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
     int64_t claim = (end - first) / 2;
     if (claim < 1) claim = 1;
     if (!next.compare_exchange_weak(word, word + uint64_t(claim))) continue;
-    run_range(fn, ctx, first, first + claim, thread);
+    run_range(fn, ctx, first, first + claim, thread, share != thread);
     ran += claim;
   }
   // One count per thread and share (not per claim: the threads share this word). The thread
@@ -128,24 +128,33 @@ bool ThreadPool::run_share(uint32_t generation, int share, int thread) {
 bool ThreadPool::count_task_time(bool on) {
   pthread_mutex_lock(&run_mu_);  // between loops
   loops_.store(0, std::memory_order_relaxed);
-  for (int t = 0; t < num_threads(); ++t) task_ns_[t].ns.store(0, std::memory_order_relaxed);
+  for (int t = 0; t < num_threads(); ++t) {
+    task_ns_[t].ns.store(0, std::memory_order_relaxed);
+    task_ns_[t].tasks.store(0, std::memory_order_relaxed);
+    task_ns_[t].taken_over.store(0, std::memory_order_relaxed);
+  }
   counting_.store(on, std::memory_order_relaxed);
   pthread_mutex_unlock(&run_mu_);
   return true;
 }
 
-void ThreadPool::run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread) {
+void ThreadPool::run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread,
+                           bool taken_over) {
   const bool timed = counting_.load(std::memory_order_relaxed);
   const uint64_t t0 = timed ? platform_now_ns() : 0;
   for (int64_t task = first; task < end; ++task) fn(ctx, task, thread);
-  if (timed) task_ns_[thread].ns.fetch_add(platform_now_ns() - t0, std::memory_order_relaxed);
+  if (!timed) return;
+  TaskNs& mine = task_ns_[thread];
+  mine.ns.fetch_add(platform_now_ns() - t0, std::memory_order_relaxed);
+  mine.tasks.fetch_add(uint64_t(end - first), std::memory_order_relaxed);
+  if (taken_over) mine.taken_over.fetch_add(uint64_t(end - first), std::memory_order_relaxed);
 }
 
 void ThreadPool::run(int64_t n, TaskFn fn, void* ctx) {
   if (n <= 0) return;
   if (counting_.load(std::memory_order_relaxed)) loops_.fetch_add(1, std::memory_order_relaxed);
   if (num_workers_ == 0 || n == 1 || n > kMaxTasks) {
-    run_range(fn, ctx, 0, n, 0);
+    run_range(fn, ctx, 0, n, 0, false);
     return;
   }
   pthread_mutex_lock(&run_mu_);

@@ -64,6 +64,16 @@ class ThreadPool final : public Parallel {
                ? task_ns_[thread].ns.load(std::memory_order_relaxed)
                : 0;
   }
+  uint64_t counted_tasks(int thread) const override {
+    return thread >= 0 && thread < num_threads()
+               ? task_ns_[thread].tasks.load(std::memory_order_relaxed)
+               : 0;
+  }
+  uint64_t counted_taken_over(int thread) const override {
+    return thread >= 0 && thread < num_threads()
+               ? task_ns_[thread].taken_over.load(std::memory_order_relaxed)
+               : 0;
+  }
 
  private:
   struct Worker {
@@ -79,7 +89,7 @@ class ThreadPool final : public Parallel {
   // when a newer loop began.
   bool run_share(uint32_t generation, int share, int thread);
   // Runs tasks [first, end) of fn on `thread`, counting their time when counting_ is on.
-  void run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread);
+  void run_range(TaskFn fn, void* ctx, int64_t first, int64_t end, int thread, bool taken_over);
 
   Worker workers_[kMaxThreads];
   int num_workers_ = 0;
@@ -107,7 +117,7 @@ class ThreadPool final : public Parallel {
   std::atomic<int64_t> done_{0};  // tasks of the current loop that have finished
   // count_task_time's counts: a cache line a thread, so that counting adds no sharing.
   struct alignas(64) TaskNs {
-    std::atomic<uint64_t> ns{0};
+    std::atomic<uint64_t> ns{0}, tasks{0}, taken_over{0};
   };
   std::atomic<bool> counting_{false};
   std::atomic<uint64_t> loops_{0};

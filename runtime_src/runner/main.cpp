@@ -130,7 +130,8 @@ int usage(FILE* to = stderr) {
       "--output-dir writes each tensor output as DIR/output_<i>.etbt\n"
       "--isa prints the kernels' SIMD path (avx512, avx2, sse2, neon or scalar)\n"
       "--profile prints each instruction's time in the last run and, with threads, the\n"
-      "          pool's loops and each thread's ms in tasks per timed run\n"
+      "          pool's loops and each thread's ms in tasks, tasks, and tasks taken over\n"
+      "          from another thread's share, per timed run\n"
       "Runs the method --iters times after --warmup runs and prints each memory bank (name,\n"
       "bytes, alignment), each output's sum and hash, the kernels' SIMD path, the thread\n"
       "count and the latency (median, p10, p90).\n"
@@ -261,8 +262,9 @@ int main(int argc, char** argv) {
   std::vector<etb::ProfileEvent> events(profile ? meta->num_instructions() + 1 : 0);
   if (profile) method->set_profiler(events.data(), events.size());
   std::vector<double> times;
-  // With --profile, the pool counts its loops and each thread's time in tasks over the timed
-  // runs (when it counts them: a delegate's pool may not).
+  // With --profile, the pool counts its loops and each thread's time in tasks, its tasks and
+  // those it took over from another's share, over the timed runs (when it counts them: a
+  // delegate's pool may not).
   bool task_time = false;
   for (int it = 0; it < warmup + iters; ++it) {
     if (it == warmup && profile && pool) task_time = pool->count_task_time(true);
@@ -328,6 +330,12 @@ int main(int argc, char** argv) {
     printf("task_time: loops_per_run=%.1f ms_per_run=", double(pool->counted_loops()) / runs);
     for (int t = 0; t < pool->num_threads(); ++t)
       printf("%s%.3f", t ? "," : "", double(pool->counted_task_ns(t)) / 1e6 / runs);
+    printf(" tasks_per_run=");
+    for (int t = 0; t < pool->num_threads(); ++t)
+      printf("%s%.1f", t ? "," : "", double(pool->counted_tasks(t)) / runs);
+    printf(" taken_over_per_run=");
+    for (int t = 0; t < pool->num_threads(); ++t)
+      printf("%s%.1f", t ? "," : "", double(pool->counted_taken_over(t)) / runs);
     printf("\n");
   }
   if (profile) {

@@ -178,9 +178,10 @@ def test_reference_outputs_are_order_one(zoo_build, model: str) -> None:
 
 
 def test_runner_profile_counts_each_threads_time_in_tasks(zoo_build, tmp_path: Path) -> None:
-    """etb_runner --profile at 2 threads prints the pool's loops and each thread's ms in tasks
-    per timed run (the split of a 2-thread time into work and waiting); at 1 thread there is
-    no pool, and without --profile nothing is counted."""
+    """etb_runner --profile at 2 threads prints the pool's loops, each thread's ms in tasks
+    (the split of a 2-thread time into work and waiting), its tasks and those it took over from
+    the other's share, per timed run; at 1 thread there is no pool, and without --profile
+    nothing is counted."""
     run_dir = zoo_build("mobilenet")
     (x,) = load_reference(run_dir)["inputs"]
     etbt.write(tmp_path / "x.etbt", x)
@@ -194,13 +195,21 @@ def test_runner_profile_counts_each_threads_time_in_tasks(zoo_build, tmp_path: P
 
     out = run("--threads", "2", "--profile")
     (line,) = [ln for ln in out.splitlines() if ln.startswith("task_time: ")]
-    pattern = r"task_time: loops_per_run=([\d.]+) ms_per_run=([\d.,]+)"
-    loops, ms = re.fullmatch(pattern, line).groups()
+    pattern = (
+        r"task_time: loops_per_run=([\d.]+) ms_per_run=([\d.,]+) "
+        r"tasks_per_run=([\d.,]+) taken_over_per_run=([\d.,]+)"
+    )
+    loops, ms, tasks, taken = re.fullmatch(pattern, line).groups()
     # Every run runs the same loops: dozens (MobileNetV2's convolutions, adds, mean, ...).
     assert float(loops).is_integer() and 30 <= float(loops) <= 500, line
     busy = [float(v) for v in ms.split(",")]
     median = float(re.search(r"latency_ms: median=([\d.]+)", out).group(1))
     assert len(busy) == 2 and sum(busy) > 0 and max(busy) < 10 * median, (line, median)
+    # Every loop has a task or more; a thread takes over only tasks it did not start with.
+    ran = [float(v) for v in tasks.split(",")]
+    over = [float(v) for v in taken.split(",")]
+    assert len(ran) == len(over) == 2 and sum(ran) >= float(loops), line
+    assert all(0 <= o <= r for o, r in zip(over, ran, strict=True)), line
     assert "task_time" not in run("--threads", "1", "--profile")
     assert "task_time" not in run("--threads", "2")
 
