@@ -107,13 +107,19 @@ class ThreadScratch {
       : ctx_(ctx),
         base_(static_cast<char*>(base)),
         per_thread_(per_thread),
-        zero_bytes_(zero_bytes) {}
+        zero_bytes_(zero_bytes) {
+    for (int64_t& l : layout_) l = -1;
+  }
   /// Thread `thread`'s slice (called only from that thread's tasks).
-  char* slice(int thread) {
+  char* slice(int thread) { return slice(thread, 0, zero_bytes_); }
+  /// Thread `thread`'s slice for tasks whose zeros lie where `layout` (>= 0) puts them, in
+  /// its first `zero_bytes`: zeroed again when the thread's last task had another layout (a
+  /// depthwise band with its padding above against one with it below).
+  char* slice(int thread, int64_t layout, size_t zero_bytes) {
     char* mine = ctx_.thread_slice(thread, base_, per_thread_);
-    if (thread >= kTracked || !zeroed_[thread]) {  // threads past kTracked zero every time
-      std::memset(mine, 0, zero_bytes_);
-      if (thread < kTracked) zeroed_[thread] = true;
+    if (thread >= kTracked || layout_[thread] != layout) {  // threads past kTracked: every time
+      std::memset(mine, 0, zero_bytes);
+      if (thread < kTracked) layout_[thread] = layout;
     }
     return mine;
   }
@@ -123,7 +129,7 @@ class ThreadScratch {
   const KernelContext& ctx_;
   char* base_;
   size_t per_thread_, zero_bytes_;
-  bool zeroed_[kTracked] = {};
+  int64_t layout_[kTracked];  // the layout whose zeros each thread's slice holds (-1: none)
 };
 
 /// The memory a kernel's prepare hook fills once, at load, from a call's constant arguments

@@ -7,7 +7,6 @@
 // and runs the GEMM on them. Bias and a fused activation clamp are applied in the GEMM's
 // epilogue.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/portable/depthwise.h"
 #include "kernels/portable/gemm.h"
@@ -314,25 +313,15 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     const int64_t tasks = threads == 1 ? 1 : kTasksPerThread * threads / bands;  // a band's
     const int64_t run = ((s.C + tasks - 1) / tasks + block - 1) / block * block;
     const int64_t runs = (s.C + run - 1) / run, mult = s.OC / s.C;
-    // Each thread's scratch, and the band whose layout its padding holds (zeroed for it).
+    // Each thread's scratch, its padding zeroed for the band its tasks are in.
     Result<void*> scratch = ctx.allocate_temp(per_thread * size_t(threads), 64);
     if (!scratch.ok()) return scratch.error();
-    int64_t one_thread = -1, *layout_band = &one_thread;
-    if (threads > 1) {
-      Result<void*> laid = ctx.allocate_temp(sizeof(int64_t) * size_t(threads), 64);
-      if (!laid.ok()) return laid.error();
-      layout_band = static_cast<int64_t*>(laid.value());
-      std::fill(layout_band, layout_band + threads, int64_t(-1));
-    }
+    ThreadScratch scratches(ctx, scratch.value(), per_thread, per_thread);
     const float* bd = bias != nullptr ? bias->data_as<float>() : nullptr;
     auto channels = [&](int64_t task, int thread) {
       const int64_t c0 = (task % runs) * run, b = task / runs % bands, n = task / (runs * bands);
       Band d = band_of(b);
-      char* mine = ctx.thread_slice(thread, scratch.value(), per_thread);
-      if (layout_band[thread] != b) {
-        std::memset(mine, 0, depthwise_conv_f32_scratch_bytes(d.shape));
-        layout_band[thread] = b;
-      }
+      char* mine = scratches.slice(thread, b, depthwise_conv_f32_scratch_bytes(d.shape));
       d.shape.C = d.shape.groups = run < s.C - c0 ? run : s.C - c0;
       d.shape.OC = d.shape.C * mult;
       depthwise_conv_f32_strided(d.shape, x + (n * s.C + c0) * s.H * s.W + d.i0 * s.W, s.H * s.W,

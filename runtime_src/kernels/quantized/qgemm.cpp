@@ -751,7 +751,6 @@ size_t sums_bytes(int64_t M, int64_t N) {
   return align64(size_t(M * N) * sizeof(int32_t));
 }
 
-
 }  // namespace
 
 bool qgemm_splits_depth(int64_t M, int64_t N, int64_t K, int threads) {
