@@ -32,11 +32,22 @@ if str(TESTS_DIR) not in sys.path:
 sys.modules["etbuild_test_support"] = sys.modules[__name__]
 
 # Runtime builds go to a cache private to this test session (never the user's ~/.cache); CLI
-# subprocesses inherit it. Builds with the same selection share it within the session.
+# subprocesses and xdist's workers inherit it. Builds with the same selection share it within
+# the session. The process that made it removes it at the end (about 100 MB a session).
+_SESSION_CACHE = None
 if not os.environ.get("ETBUILD_CACHE_DIR"):
     import tempfile
 
-    os.environ["ETBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="etbuild-test-cache-")
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="etbuild-test-cache-")
+    os.environ["ETBUILD_CACHE_DIR"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_CACHE is not None:
+        import shutil
+
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
 
 ARTIFACTS = (
     "model.pte",
