@@ -253,7 +253,12 @@ def main() -> None:
             return
         os.environ["COMP_LINE"], flags = completion.split_line(os.environ["COMP_LINE"])
         sys.argv[1:] += flags
-    with tempfile.TemporaryDirectory(prefix="etbuild-args-") as scratch:
+    # Only a --lock run writes a config of its own (a run killed with SIGKILL leaves it behind).
+    with (
+        tempfile.TemporaryDirectory(prefix="etbuild-args-")
+        if _has_flag(sys.argv[1:], "--lock")
+        else contextlib.nullcontext("")
+    ) as scratch:
         try:
             sys.argv[1:], recipe_file = expand_args(sys.argv[1:], Path(scratch))
         except EtbuildError as exc:
