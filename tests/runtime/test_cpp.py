@@ -107,6 +107,17 @@ def test_kernels_ignore_what_their_threads_memory_held(rt, cpp_tests, tmp_path, 
         assert torch.equal(got, want.flatten()), f"output {i}: {(got - want.flatten()).abs().max()}"
 
 
+@pytest.mark.parametrize("threads", [2, 4])
+def test_thread_pool_hands_work_over_awake_and_asleep(cpp_tests, threads):
+    """Loops after pauses that let the workers fall asleep or not, with tasks that keep the
+    caller waiting (spinning or asleep): each task runs once, and no wake-up is lost (a lost
+    one hangs the run past _run's timeout)."""
+    res = _run(cpp_tests, f"handoffs:{threads}", "400")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    ran = int(res.stdout.split("tasks_on_workers=")[1].split()[0])
+    assert f"handoffs: ok threads={threads} loops=400" in res.stdout and ran > 400, res.stdout
+
+
 def test_missing_backend(cpp_tests, tmp_path):
     prog = write_delegate_program(tmp_path / "d.pte", scale=1.0, cond=False)
     res = _run(cpp_tests, "nobackend", str(prog), *X)

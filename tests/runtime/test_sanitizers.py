@@ -120,12 +120,30 @@ def test_wrong_input_sanitized(sanitized, zoo_build, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def thread_sanitized(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """etb_runner built with ThreadSanitizer."""
-    build = _build_tests(
-        tmp_path_factory, "runtime-tests-tsan", "RelWithDebInfo", "thread", "etb_runner"
-    )
-    return build / "runtime" / "etb_runner"
+def thread_sanitized_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """etb_runner and the C++ test driver built with ThreadSanitizer."""
+    return _build_tests(
+        tmp_path_factory, "runtime-tests-tsan", "RelWithDebInfo", "thread", "etb_runner",
+        "etb_runtime_tests",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def thread_sanitized(thread_sanitized_build: Path) -> Path:
+    return thread_sanitized_build / "runtime" / "etb_runner"
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_thread_pool_handoffs_under_thread_sanitizer(thread_sanitized_build, threads):
+    """The pool's wake-ups both ways (workers asleep or spinning when a loop starts, the caller
+    spinning or asleep while a worker finishes) show no data race."""
+    res = subprocess.run(
+        [str(thread_sanitized_build / "etb_runtime_tests"), f"handoffs:{threads}", "200"],
+        capture_output=True, text=True, env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"},
+        timeout=300,
+    )  # fmt: skip
+    assert "WARNING: ThreadSanitizer" not in res.stderr, res.stderr[-4000:]
+    assert res.returncode == 0 and f"handoffs: ok threads={threads}" in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("quant", [False, True], ids=["mobilenet", "mobilenet_int8"])

@@ -4,6 +4,12 @@
 // unavailable (the test backend reports itself unavailable), nobackend (none registered),
 // poisoned:N (N threads whose own memory is filled with garbage before every loop).
 // Prints "output i: v0 v1 ..." per output, or "error: <message>" and exits 1.
+//   etb_runtime_tests handoffs:N LOOPS
+// runs LOOPS loops on a ThreadPool of N threads, timed so that the threads hand work over
+// while spinning and while asleep; prints "handoffs: ok ..." or "error: ..." and exits 1.
+#include <time.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,11 +89,73 @@ int error_exit(const char* what) {
   return 1;
 }
 
+void sleep_us(long us) {
+  timespec t{us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&t, nullptr);
+}
+
+void spin_us(long us) {
+  timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do clock_gettime(CLOCK_MONOTONIC, &t);
+  while ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+// One loop of handoffs(): each task counts its runs and takes 10 us (so that the workers
+// get some); a task that a worker runs may sleep, so that the caller runs out of tasks first
+// and waits (spinning, or asleep).
+struct HandoffLoop {
+  std::atomic<int> runs[64];
+  long worker_task_us;
+};
+
+// Loops of 1 to 64 tasks, after pauses of 0 to 2 ms (the workers are still spinning, or
+// asleep) and with tasks on the workers of 0 to 2 ms (the caller spins, or sleeps): every
+// task must run exactly once, and a wake-up lost on either side hangs the test.
+int handoffs(int threads, int loops) {
+  etb::ThreadPool pool(threads);
+  unsigned seed = 12345;
+  auto next = [&](unsigned range) {
+    seed = seed * 1103515245u + 12345u;
+    return (seed >> 8) % range;
+  };
+  HandoffLoop loop;
+  int workers_ran = 0;
+  for (int i = 0; i < loops; ++i) {
+    const int64_t n = 1 + int64_t(next(64));
+    for (std::atomic<int>& r : loop.runs) r.store(0);
+    loop.worker_task_us = i % 2 ? long(next(2000)) : 0;
+    sleep_us(i % 3 ? long(next(2000)) : 0);
+    pool.run(
+        n,
+        [](void* ctx, int64_t task, int thread) {
+          HandoffLoop& l = *static_cast<HandoffLoop*>(ctx);
+          spin_us(10);
+          if (thread != 0 && l.worker_task_us > 0) sleep_us(l.worker_task_us);
+          l.runs[task].fetch_add(1 + (thread != 0 ? 1000 : 0));
+        },
+        &loop);
+    for (int64_t t = 0; t < 64; ++t) {
+      const int ran = loop.runs[t].load() % 1000;
+      if (ran != (t < n ? 1 : 0)) {
+        printf("error: loop %d: task %lld of %lld ran %d times\n", i, (long long)t, (long long)n,
+               ran);
+        return 1;
+      }
+      workers_ran += loop.runs[t].load() / 1000;
+    }
+  }
+  printf("handoffs: ok threads=%d loops=%d tasks_on_workers=%d\n", pool.num_threads(), loops,
+         workers_ran);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) return 2;
   const char* mode = argv[1];
+  if (strncmp(mode, "handoffs:", 9) == 0) return handoffs(atoi(mode + 9), atoi(argv[2]));
   static ScaleBackend available(true), unavailable(false);
   if (strcmp(mode, "nokernels") != 0 && etb::register_all_kernels() != etb::Error::Ok)
     return error_exit("register");
