@@ -47,6 +47,7 @@ SHAPES = [  # (M, K, N): M 1 and 2 take the wide tiles with depth blocks of 64
     (3, 33, 9), (6, 16, 16), (7, 100, 47), (13, 64, 129), (33, 5, 250),
     (1, 300, 1001), (2, 90, 23), (9, 1000, 49), (17, 700, 31), (8, 3, 15),
     (12, 40, 17), (5, 600, 81),  # a whole tile and a tail vector as one wider tile (AVX-512)
+    (40, 64, 256),  # B's rows 1 KiB apart (on 4 of L1's 64 sets): copied into panels
 ]  # fmt: skip
 
 
@@ -204,14 +205,19 @@ def test_im2col_convolutions_in_column_tiles_and_whole(
         # 784 columns in two blocks, the second ending in a whole tile and a tail that merge
         # (AVX-512): with threads, runs of columns keep the two together
         (96, 16, 28, 28),
+        # planes whose rows of B lie 4 or 16 KiB apart, on one set of L1: copied into panels
+        (128, 40, 32, 32),
+        (64, 48, 16, 64),
+        (48, 64, 64, 64),  # a plane of at least 56x56: with threads, panels and not column runs
     ],
 )
 def test_pointwise_convolution_on_small_planes(rt, pipeline_program, cin, cout, h, w):
     """Planes whose column count ends in a partial tile (25, 49, 196, 255 columns): the last
     columns go as narrower tiles and dot products, with the depth split in blocks for 960
     channels (the later blocks add to the output, the clamp waits for the last). Rows of B
-    off the vector boundary, read by four row tiles or more, are first copied into panels, a
-    slice at a time. Exact against torch, and bit-identical at 2 and 3 threads."""
+    off the vector boundary or a multiple of 1 KiB apart, read by four row tiles or more, are
+    first copied into panels, a slice at a time. Exact against torch, and bit-identical at 2
+    and 3 threads."""
     torch.manual_seed(cin + cout)
     conv = nn.Conv2d(cin, cout, 1)
     with torch.no_grad():
