@@ -164,8 +164,9 @@ def _check_over_threads(rt, pipeline_program, conv, x, thread_counts) -> None:
 )
 def test_stride_1_convolutions_split_over_threads(rt, pipeline_program, cin, cout, hw, groups):
     """The taps path splits a convolution over the threads by chunks of output channels where
-    the weights outweigh the input's layout (deep layers on small planes), else by runs of
-    columns. Exact against torch, and bit-identical at 2 to 4 threads."""
+    the weights outweigh the input's layout (deep layers on small planes; then each thread
+    fills a copy of the layout of its own), else by runs of columns. Exact against torch, and
+    bit-identical at 2 to 4 threads."""
     torch.manual_seed(cin * cout)
     conv = nn.Conv2d(cin, cout, 3, 1, 1, groups=groups)
     _check_over_threads(rt, pipeline_program, conv, torch.randn(1, cin, *hw), (2, 3, 4))

@@ -137,7 +137,16 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const int64_t steps = (Q + 31) / 32, units = (oc_g + row_tile - 1) / row_tile;
   const TapsSplit split(threads, s.groups, steps, units, oc_g * K >= cin_g * plane);
   const int64_t runs = split.runs, chunks = split.chunks;
-  const size_t taps_bytes = (size_t(s.C * plane + kTapsSlack) * sizeof(float) + 63) / 64 * 64;
+  // Where the threads split the product by output channels alone (a small plane), every task
+  // reads the whole layout: each thread then fills a copy of its own and multiplies from that.
+  // From one shared layout, half of what a thread read was another thread's writes, scattered
+  // over the planes where no prefetcher follows: on a host whose two vCPUs sat on different
+  // dies, a 3x3 convolution 128 -> 128 on 28x28 took 1.17x as long at 2 threads (1.53x
+  // faster than at 1, against 1.80x with a copy a thread); on one die the second fill costs
+  // it 1% (ResNet18 fp32).
+  const int64_t copies = threads > 1 && runs == 1 && chunks > 1 && s.groups == 1 ? threads : 1;
+  const size_t copy_bytes = (size_t(s.C * plane + kTapsSlack) * sizeof(float) + 63) / 64 * 64;
+  const size_t taps_bytes = copy_bytes * size_t(copies);
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
   const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
   const size_t ws_bytes = (sgemm_rows_workspace_bytes(K) + 63) / 64 * 64;
@@ -150,29 +159,40 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
   char* ws = base + taps_bytes + offsets_bytes + product_bytes;
   L.tap_offsets(s, cin_g, offsets);
-  std::fill(taps + s.C * plane, taps + s.C * plane + kTapsSlack, 0.f);
+  for (int64_t c = 0; c < copies; ++c) {
+    float* slack = reinterpret_cast<float*>(base + size_t(c) * copy_bytes) + s.C * plane;
+    std::fill(slack, slack + kTapsSlack, 0.f);
+  }
   const int64_t HW = s.H * s.W;
   const KernelContext serial = ctx.within_task();
   // On a large plane whose product the threads split by columns alone, each thread fills a
   // band of the layout's rows of every plane: the rows its runs of columns read, from the
-  // rows of the input that it wrote in the layer before (see splits_pixels). Else each fills
-  // whole planes.
+  // rows of the input that it wrote in the layer before (see splits_pixels). With copies,
+  // each fills a whole copy. Else each fills whole planes.
   const int64_t fill_bands = splits_pixels(P, threads) && chunks == 1 && s.groups == 1 &&
                                      runs % threads == 0 && L.Hq >= threads
                                  ? threads
                                  : 1;
   const int64_t planes = s.C * L.phases();
   for (int64_t n = 0; n < s.N; ++n) {
-    auto fill = [&](int64_t task, int) {
-      const int64_t t = task % planes, band = task / planes;
+    // Rows [r0, r1) of phase plane t of the layout at `layout`.
+    auto fill_rows = [&](float* layout, int64_t t, int64_t r0, int64_t r1) {
       const float* xc = x + (n * s.C + t / L.phases()) * HW;
       auto interior = [&](float* d, int64_t ih, int64_t iw, int64_t count) {
         copy_strided(d, xc + ih * s.W + iw, count, s.sw);
       };
-      L.fill_rows(s, t % L.phases(), 0.f, taps + t * L.plane_size(), interior,
-                  L.Hq * band / fill_bands, L.Hq * (band + 1) / fill_bands);
+      L.fill_rows(s, t % L.phases(), 0.f, layout + t * L.plane_size(), interior, r0, r1);
     };
-    ctx.parallel_for(fill_bands * planes, fill);
+    auto fill = [&](int64_t task, int) {
+      if (copies > 1) {  // task: a copy
+        for (int64_t t = 0; t < planes; ++t)
+          fill_rows(reinterpret_cast<float*>(base + size_t(task) * copy_bytes), t, 0, L.Hq);
+        return;
+      }
+      const int64_t t = task % planes, band = task / planes;
+      fill_rows(taps, t, L.Hq * band / fill_bands, L.Hq * (band + 1) / fill_bands);
+    };
+    ctx.parallel_for(copies > 1 ? copies : fill_bands * planes, fill);
     float* yn = y + n * s.OC * P;
     // Each task multiplies, then copies its own part of the product out (its rows' output
     // pixels among its columns): the thread that wrote the part, while it is in its cache.
@@ -184,7 +204,9 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       const int64_t m1 = m_end < oc_g ? m_end : oc_g, row = g * oc_g + m0;
       GemmEpilogue gep = ep;
       gep.bias = bias != nullptr ? bias + row : nullptr;
-      sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, taps + g * cin_g * plane + q0,
+      const float* layout =
+          copies > 1 ? reinterpret_cast<const float*>(base + size_t(thread) * copy_bytes) : taps;
+      sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, layout + g * cin_g * plane + q0,
                  offsets, s.KH * s.KW, product + row * Q + q0, Q, gep,
                  reinterpret_cast<float*>(ctx.thread_slice(thread, ws, ws_bytes)));
       for (int64_t m = row; m < g * oc_g + m1; ++m)

@@ -247,16 +247,32 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   const int64_t csteps = channel_steps(s), S = csteps * T, Q = L.columns(s), P = s.OH * s.OW;
   const int64_t nr = qgemm_panel_columns(), mr = qgemm_tile_rows();
   const int64_t group_words = csteps * L.phases() * L.plane_size();
-  const size_t words_bytes = size_t(s.groups * group_words + nr) * sizeof(int32_t);
   const size_t weight_bytes = qgemm_packed_taps_bytes(oc_g, cin_g, T);  // a group's, packed
   const size_t a_bytes = pw.packed != nullptr ? 0 : weight_bytes;
+  const int64_t all_panels = (Q + nr - 1) / nr, slivers = (oc_g + mr - 1) / mr;
+  const size_t group_bytes = size_t(group_words) * sizeof(int32_t);
+  // Tasks: (group, run of panels, chunk of slivers of rows), split as TapsSplit says from the
+  // bytes of a group's packed weights and of its layout.
+  const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
+                        weight_bytes >= group_bytes);
+  const int64_t runs = split.runs, chunks = split.chunks;
+  // Split by chunks of rows alone, every task reads the whole layout: each thread then fills
+  // a copy of its own (as the fp32 taps path does: see there).
+  const int64_t copies =
+      ctx.num_threads() > 1 && runs == 1 && chunks > 1 && s.groups == 1 ? ctx.num_threads() : 1;
+  const size_t copy_bytes = (size_t(s.groups * group_words + nr) * sizeof(int32_t) + 63) / 64 * 64;
+  const size_t words_bytes = copy_bytes * size_t(copies);
   Result<void*> mem =
       ctx.allocate_temp(words_bytes + size_t(S) * sizeof(int64_t) + a_bytes * size_t(s.groups), 64);
   if (!mem.ok()) return mem.error();
-  int32_t* words = static_cast<int32_t*>(mem.value());
+  auto copy_of = [&](int64_t c) {
+    return reinterpret_cast<int32_t*>(static_cast<char*>(mem.value()) + size_t(c) * copy_bytes);
+  };
+  int32_t* words = copy_of(0);
   int64_t* offsets = reinterpret_cast<int64_t*>(static_cast<char*>(mem.value()) + words_bytes);
   char* a_base = reinterpret_cast<char*>(offsets + S);
-  std::fill(words + s.groups * group_words, words + s.groups * group_words + nr, 0);
+  for (int64_t c = 0; c < copies; ++c)
+    std::fill(copy_of(c) + s.groups * group_words, copy_of(c) + s.groups * group_words + nr, 0);
   L.tap_offsets(s, csteps, offsets);
   if (pw.packed == nullptr)
     for (int64_t g = 0; g < s.groups; ++g)
@@ -268,18 +284,19 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   };
   // Blocks of panels whose words (the group's layout, a share a column) stay in cache while
   // every sliver of the weights runs over them: the weights are read once a block.
-  const int64_t all_panels = (Q + nr - 1) / nr, slivers = (oc_g + mr - 1) / mr;
-  const size_t group_bytes = size_t(group_words) * sizeof(int32_t);
   int64_t block_panels = int64_t(qgemm_block_bytes() * size_t(all_panels) / group_bytes);
   block_panels = block_panels < 1 ? 1 : block_panels > all_panels ? all_panels : block_panels;
-  // Tasks: (group, run of panels, chunk of slivers of rows), split as TapsSplit says from the
-  // bytes of a group's packed weights and of its layout.
-  const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
-                        weight_bytes >= group_bytes);
-  const int64_t runs = split.runs, chunks = split.chunks;
+  const KernelContext serial = ctx.within_task();
   for (int64_t n = 0; n < s.N; ++n) {
-    fill_taps_layout(ctx, s, L, x + n * s.C * s.H * s.W, int8_t(xzp), words);
-    auto task = [&](int64_t t, int) {
+    const int8_t* xn = x + n * s.C * s.H * s.W;
+    auto fill_copy = [&](int64_t c, int) {
+      fill_taps_layout(serial, s, L, xn, int8_t(xzp), copy_of(c));
+    };
+    if (copies > 1)
+      ctx.parallel_for(copies, fill_copy);
+    else
+      fill_taps_layout(ctx, s, L, xn, int8_t(xzp), words);
+    auto task = [&](int64_t t, int thread) {
       const int64_t r = t % chunks, p = t / chunks % runs, g = t / (chunks * runs);
       TapsEpilogue te{{wsum + g * oc_g, mult + g * oc_g, bias + g * oc_g, xzp, q,
                        y + (n * s.OC + g * oc_g) * P, P},
@@ -288,8 +305,9 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
       const int64_t q0 = all_panels * p / runs * nr, q_end = all_panels * (p + 1) / runs * nr;
       const int64_t q1 = q_end < Q ? q_end : Q;
       const int64_t m0 = slivers * r / chunks * mr, m1 = slivers * (r + 1) / chunks * mr;
-      qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), words + g * group_words, offsets,
-                 q0, q1, block_panels * nr, taps_tile, &te);
+      const int32_t* layout = copies > 1 ? copy_of(thread) : words;
+      qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), layout + g * group_words,
+                 offsets, q0, q1, block_panels * nr, taps_tile, &te);
     };
     ctx.parallel_for(s.groups * runs * chunks, task);
   }
