@@ -214,7 +214,7 @@ def _cases(rng: random.Random) -> list[Case]:
         conv("pointwise1x1", chans(17, 100), chans(9, 80), hw(), 1),
         conv("pointwise1x1_relu", chans(17, 100), chans(9, 80), hw(), 1, act="relu"),
         # rows of B 2 KiB apart (16 x 32 pixels), on few sets of L1: copied into panels
-        conv("pointwise1x1_aliasing_rows", chans(9, 60), chans(40, 80), [16, 32], 1),
+        conv("pointwise1x1_aliasing_rows", chans(33, 60), chans(40, 80), [16, 32], 1),
         # at most 128 output channels over 128 or more: the product in two halves of depth
         conv("pointwise1x1_depth_halves", odd(129, 300), chans(9, 128), hw(), 1, act="relu6"),
         conv("conv3x3_relu6", chans(3, 40), chans(5, 70), hw(), 3, act="relu6", padding=1),
