@@ -136,15 +136,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const int64_t row_tile = sgemm_row_tile();
   const int64_t steps = (Q + 31) / 32, units = (oc_g + row_tile - 1) / row_tile;
   const TapsSplit split(threads, s.groups, steps, units, oc_g * K >= cin_g * plane);
-  const int64_t runs = split.runs, chunks = split.chunks;
-  // Where the threads split the product by output channels alone (a small plane), every task
-  // reads the whole layout: each thread then fills a copy of its own and multiplies from that.
-  // From one shared layout, half of what a thread read was another thread's writes, scattered
-  // over the planes where no prefetcher follows: on a host whose two vCPUs sat on different
-  // dies, a 3x3 convolution 128 -> 128 on 28x28 took 1.17x as long at 2 threads (1.53x
-  // faster than at 1, against 1.80x with a copy a thread); on one die the second fill costs
-  // it 1% (ResNet18 fp32).
-  const int64_t copies = threads > 1 && runs == 1 && chunks > 1 && s.groups == 1 ? threads : 1;
+  const int64_t runs = split.runs, chunks = split.chunks, copies = split.copies;
   const size_t copy_bytes = (size_t(s.C * plane + kTapsSlack) * sizeof(float) + 63) / 64 * 64;
   const size_t taps_bytes = copy_bytes * size_t(copies);
   const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
@@ -154,15 +146,14 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       taps_bytes + offsets_bytes + product_bytes + ws_bytes * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
   char* base = static_cast<char*>(mem.value());
-  float* taps = reinterpret_cast<float*>(base);
+  auto copy_of = [&](int64_t c) { return reinterpret_cast<float*>(base + size_t(c) * copy_bytes); };
+  float* taps = copy_of(0);
   int64_t* offsets = reinterpret_cast<int64_t*>(base + taps_bytes);
   float* product = reinterpret_cast<float*>(base + taps_bytes + offsets_bytes);
   char* ws = base + taps_bytes + offsets_bytes + product_bytes;
   L.tap_offsets(s, cin_g, offsets);
-  for (int64_t c = 0; c < copies; ++c) {
-    float* slack = reinterpret_cast<float*>(base + size_t(c) * copy_bytes) + s.C * plane;
-    std::fill(slack, slack + kTapsSlack, 0.f);
-  }
+  for (int64_t c = 0; c < copies; ++c)
+    std::fill(copy_of(c) + s.C * plane, copy_of(c) + s.C * plane + kTapsSlack, 0.f);
   const int64_t HW = s.H * s.W;
   const KernelContext serial = ctx.within_task();
   // On a large plane whose product the threads split by columns alone, each thread fills a
@@ -185,8 +176,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
     };
     auto fill = [&](int64_t task, int) {
       if (copies > 1) {  // task: a copy
-        for (int64_t t = 0; t < planes; ++t)
-          fill_rows(reinterpret_cast<float*>(base + size_t(task) * copy_bytes), t, 0, L.Hq);
+        for (int64_t t = 0; t < planes; ++t) fill_rows(copy_of(task), t, 0, L.Hq);
         return;
       }
       const int64_t t = task % planes, band = task / planes;
@@ -204,8 +194,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
       const int64_t m1 = m_end < oc_g ? m_end : oc_g, row = g * oc_g + m0;
       GemmEpilogue gep = ep;
       gep.bias = bias != nullptr ? bias + row : nullptr;
-      const float* layout =
-          copies > 1 ? reinterpret_cast<const float*>(base + size_t(thread) * copy_bytes) : taps;
+      const float* layout = copy_of(copies > 1 ? thread : 0);
       sgemm_rows(serial, m1 - m0, q1 - q0, K, w + row * K, K, layout + g * cin_g * plane + q0,
                  offsets, s.KH * s.KW, product + row * Q + q0, Q, gep,
                  reinterpret_cast<float*>(ctx.thread_slice(thread, ws, ws_bytes)));

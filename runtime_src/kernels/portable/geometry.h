@@ -249,8 +249,16 @@ struct TapsLayout {
 /// weights of its rows and the layout of its columns, so the split starts on the operand that
 /// is the bigger to read again: rows where the weights outweigh the layout (deep layers on
 /// small planes), then columns where that gave too few tasks; otherwise columns, then rows.
+///
+/// Split by chunks of rows alone (one group), every task reads the whole layout: then each
+/// thread fills a copy of its own and multiplies from that (`copies`, one a thread). From one
+/// shared layout, half of what a thread read was another thread's writes, scattered over the
+/// planes where no prefetcher follows: on a host whose two vCPUs sat on different dies, an
+/// fp32 3x3 convolution 128 -> 128 on 28x28 took 1.17x as long at 2 threads (1.53x faster
+/// than at 1, against 1.80x with a copy a thread); on one die the second fill costs ResNet18
+/// 0-1.5%.
 struct TapsSplit {
-  int64_t runs = 1, chunks = 1;
+  int64_t runs = 1, chunks = 1, copies = 1;
   TapsSplit(int threads, int64_t groups, int64_t col_units, int64_t row_units,
             bool weights_outweigh_layout) {
     if (threads <= 1) return;
@@ -266,6 +274,7 @@ struct TapsSplit {
       runs = share(groups, col_units);
       chunks = share(groups * runs, row_units);
     }
+    if (groups == 1 && runs == 1 && chunks > 1) copies = threads;
   }
 };
 

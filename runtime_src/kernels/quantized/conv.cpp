@@ -255,11 +255,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   // bytes of a group's packed weights and of its layout.
   const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
                         weight_bytes >= group_bytes);
-  const int64_t runs = split.runs, chunks = split.chunks;
-  // Split by chunks of rows alone, every task reads the whole layout: each thread then fills
-  // a copy of its own (as the fp32 taps path does: see there).
-  const int64_t copies =
-      ctx.num_threads() > 1 && runs == 1 && chunks > 1 && s.groups == 1 ? ctx.num_threads() : 1;
+  const int64_t runs = split.runs, chunks = split.chunks, copies = split.copies;
   const size_t copy_bytes = (size_t(s.groups * group_words + nr) * sizeof(int32_t) + 63) / 64 * 64;
   const size_t words_bytes = copy_bytes * size_t(copies);
   Result<void*> mem =
@@ -305,7 +301,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
       const int64_t q0 = all_panels * p / runs * nr, q_end = all_panels * (p + 1) / runs * nr;
       const int64_t q1 = q_end < Q ? q_end : Q;
       const int64_t m0 = slivers * r / chunks * mr, m1 = slivers * (r + 1) / chunks * mr;
-      const int32_t* layout = copies > 1 ? copy_of(thread) : words;
+      const int32_t* layout = copy_of(copies > 1 ? thread : 0);
       qgemm_taps(m0, m1 < oc_g ? m1 : oc_g, cin_g, T, packed_a(g), layout + g * group_words,
                  offsets, q0, q1, block_panels * nr, taps_tile, &te);
     };
