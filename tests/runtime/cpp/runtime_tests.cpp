@@ -2,7 +2,8 @@
 //   etb_runtime_tests MODE PROGRAM [INPUT VALUES...]
 // Modes: run (file loader), buffer (buffer loader), nokernels (no kernel registered),
 // unavailable (the test backend reports itself unavailable), nobackend (none registered),
-// poisoned:N (N threads whose own memory is filled with garbage before every loop).
+// poisoned:N (N threads whose own memory is filled with garbage before every loop, and
+// which are dealt every loop's tasks in turn: each one runs some).
 // Prints "output i: v0 v1 ..." per output, or "error: <message>" and exits 1.
 //   etb_runtime_tests handoffs:N LOOPS
 // runs LOOPS loops on a ThreadPool of N threads, timed so that the threads hand work over
@@ -65,22 +66,47 @@ class ScaleBackend final : public etb::Backend {
 
 // A ThreadPool whose threads' own memory (Parallel::thread_memory) holds garbage at the start
 // of every loop: a kernel that reads its scratch before writing it, or counts on what a loop
-// before left there, gives other outputs than on one thread.
+// before left there, gives other outputs than on one thread. It also deals each loop's tasks
+// out, task i to the (i mod threads)-th of them, instead of letting the threads claim them:
+// on a real pool the caller may run every task of a small loop before a worker wakes, so a
+// kernel's work for thread 1 (a copy of its own, say) would go untested.
 class PoisonedPool final : public etb::Parallel {
  public:
-  explicit PoisonedPool(int threads) : pool_(threads) {}
+  explicit PoisonedPool(int threads) : tasks_by_thread(size_t(threads), 0), pool_(threads) {}
   int num_threads() const override { return pool_.num_threads(); }
   void run(int64_t n, etb::TaskFn fn, void* ctx) override {
     for (int t = 0; t < pool_.num_threads(); ++t)
       memset(pool_.thread_memory(t), 0xA5 + t, pool_.thread_memory_bytes());
     ++loops;
-    pool_.run(n, fn, ctx);
+    Deal deal{fn, ctx, n, pool_.num_threads(), this};
+    pool_.run(pool_.num_threads(), run_share, &deal);
   }
   char* thread_memory(int thread) const override { return pool_.thread_memory(thread); }
   size_t thread_memory_bytes() const override { return pool_.thread_memory_bytes(); }
   int loops = 0;
+  std::vector<int64_t> tasks_by_thread;
 
  private:
+  struct Deal {
+    etb::TaskFn fn;
+    void* ctx;
+    int64_t n;
+    int shares;
+    PoisonedPool* pool;
+    std::atomic<int> started{0};
+  };
+  // One share a thread: each waits until every share has a thread (so that no thread takes
+  // two), then runs tasks share, share + shares, ...
+  static void run_share(void* p, int64_t share, int thread) {
+    Deal& d = *static_cast<Deal*>(p);
+    d.started.fetch_add(1);
+    while (d.started.load() < d.shares) {
+    }
+    for (int64_t i = share; i < d.n; i += d.shares) {
+      d.fn(d.ctx, i, thread);
+      ++d.pool->tasks_by_thread[size_t(thread)];  // each thread its own counter
+    }
+  }
   etb::ThreadPool pool_;
 };
 
@@ -218,7 +244,11 @@ int main(int argc, char** argv) {
       method->set_parallel(pool.get());
     }
     if (method->execute() != etb::Error::Ok) return error_exit("execute");
-    if (pool) printf("threads: %d loops: %d\n", pool->num_threads(), pool->loops);
+    if (pool) {
+      printf("threads: %d loops: %d tasks by thread:", pool->num_threads(), pool->loops);
+      for (int64_t t : pool->tasks_by_thread) printf(" %lld", (long long)t);
+      printf("\n");
+    }
     for (size_t o = 0; o < method->num_outputs(); ++o) {
       const etb::Tensor& t = method->output(o).value()->to_tensor();
       printf("output %zu:", o);
