@@ -386,6 +386,7 @@ def _int8_cases(rng: random.Random) -> list[tuple[Case, list[torch.Tensor]]]:
         (3, 31, 45, 19, 7, 2, 3, 1),  # ResNet's first layer, narrower
         (150, 9, 13, 37, 1, 1, 0, 1),  # deep pointwise
         (96, 7, 7, 40, 1, 1, 0, 1),  # pointwise on 49 columns: the last by dot products
+        (40, 32, 64, 20, 1, 1, 0, 1),  # pointwise, rows 2 KiB apart: a line's panels a pack
         (24, 11, 13, 30, 3, 2, 1, 3),  # grouped, stride 2
     ]:
         args = dict(xs=rng.uniform(0.01, 0.1), xzp=rng.choice([-128, -9, 0, 40]),

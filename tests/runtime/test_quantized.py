@@ -179,6 +179,7 @@ def test_conv2d_randomized(rt, pipeline_program, seed):
         # (N, C, H, W, OC, k, stride, pad, groups): paths and block edges
         (1, 600, 5, 7, 37, 1, 1, 0, 1),  # deep pointwise
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # many pixels: several packed column blocks
+        (1, 40, 64, 64, 20, 1, 1, 0, 1),  # rows 4 KiB apart, packed a cache line of each a task
         (1, 3, 33, 35, 32, 3, 2, 1, 1),  # MobileNet's first conv
         (2, 24, 15, 15, 24, 3, 2, 1, 24),  # depthwise, stride 2
         (1, 4, 26, 26, 4, 23, 1, 11, 4),  # depthwise, 529 taps: channel lanes (x86) or generic
@@ -227,6 +228,7 @@ def run_conv_shape(rt, pipeline_program, shape, threads: int = 1, dilation: int 
     [
         # (N, C, H, W, OC, k, stride, pad, groups)
         (1, 16, 40, 41, 9, 1, 1, 0, 1),  # pointwise: the threads split runs of column panels
+        (1, 40, 64, 64, 20, 1, 1, 0, 1),  # rows 4 KiB apart, in groups of panels
         # pointwise and deep: a run of panels is more than a thread's share of the B block
         # holds, so it goes in groups of panels, the last group of a run partial
         (1, 520, 75, 77, 9, 1, 1, 0, 1),

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cache.h"
 #include "kernels/simd.h"
 
 namespace etb {
@@ -449,25 +450,14 @@ struct GeneralBlocks {
   }
 };
 
-// Whether the K rows of B, `ldb` floats apart, fall on too few sets of an L1 cache with
-// 4 KiB ways (x86, and 64 KiB 16-way or 32 KiB 8-way Arm cores alike) for a tile's column run
-// of them to stay in L1 while the row tiles pass over it: rows 4 KiB apart all fall on one
-// set (of 8 ways or more), 1 KiB apart on four. NCHW planes of 32x32, 64x64 or 48x64 pixels
-// (rows 4-16 KiB apart): a 1x1 convolution 128 -> 128 took 1.27-1.37x as long per pixel as
-// on 60x60 or 40x40 planes. MobileNetV2's 112x112 planes (49 KiB) over 16 channels fit.
-bool rows_alias_in_l1(int64_t K, int64_t ldb) {
-  const int64_t bytes = ldb * int64_t(sizeof(float));
-  if (bytes % 64 != 0) return false;
-  const int64_t sets = 4096 / std::gcd(bytes, int64_t(4096));  // of the 64 a way has
-  return K > 8 * sets;
-}
-
 // Whether sgemm copies B into panels (see the top of the file): its rows are off the vector
 // boundary or alias in L1, at least four row tiles read each column tile, and no tile merges
-// the tail.
+// the tail. (Rows that alias, read in place: a 1x1 convolution 128 -> 128 on NCHW planes of
+// 32x32, 64x64 or 48x64 pixels took 1.27-1.37x as long per pixel as on 60x60 or 40x40.)
 bool packs_b(int64_t M, int64_t N, int64_t K, int64_t ldb) {
   constexpr int kNR = kNV * kW;
-  if (kW == 1 || M <= 2 || (ldb % kW == 0 && !rows_alias_in_l1(K, ldb)) || (M + kMR - 1) / kMR < 4)
+  if (kW == 1 || M <= 2 || (ldb % kW == 0 && !rows_alias_in_l1(K, ldb * int64_t(sizeof(float)))) ||
+      (M + kMR - 1) / kMR < 4)
     return false;
   const int tail_nv = int(N % kNR) / kW;
   return merged_nv<kMR, kNV>() == kNV || tail_nv == 0;

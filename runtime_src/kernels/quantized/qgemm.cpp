@@ -16,6 +16,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cache.h"
 #include "kernels/intrinsics.h"
 
 namespace etb {
@@ -45,6 +46,8 @@ constexpr int64_t kAChunkBytes = 32 * 1024;
 #else
 constexpr int64_t kAChunkBytes = 2 << 20;
 #endif
+// Panels that cover a cache line of each of B's rows (int8 columns in a row).
+constexpr int64_t kLinePanels = kNR >= 64 ? 1 : 64 / kNR;
 constexpr int64_t kSmallN = 4;  // fewer columns: plain dot products
 // A last panel of this many columns, at a depth of at least kDotDepth, takes dot products of
 // the sliver's packed rows (in L1 from its tiles) and the column widened: a 7x7 plane's 49th
@@ -205,23 +208,36 @@ inline void pack_step(const int8_t* col, int64_t b_sk, int64_t b_sn, int64_t ks,
 #endif
 }
 
+// Panels a call of pack_b takes: one, or kLinePanels where B's rows alias in L1
+// (kernels/cache.h). There a panel's reads evicted each row's line before the next panel read
+// the rest of it: a 1x1 convolution 128 -> 128 on NCHW planes of 64x64 took 1.08-1.10x as
+// long a pixel as on 60x60 (1.04x with AVX2), against 1.02-1.03x (0.99x) with a line's panels
+// a call.
+int64_t packed_panels_a_call(int64_t K, int64_t b_sk, int64_t b_sn) {
+  return b_sn == 1 && rows_alias_in_l1(K, b_sk) ? kLinePanels : 1;
+}
+
 // Packs columns [n0, n0 + nc) of B into panels of kNR columns, a 32-bit step per column
 // (an int16 pair, or four bytes x + 128 with ETB_QGEMM_U8S8): the steps [st_begin, st_end)
-// of each panel, by default all of them.
+// of each panel, by default all of them. A step at a time across all the columns, so that
+// each of B's rows is read in one pass over [n0, n0 + nc).
 void pack_b(int64_t K, int64_t n0, int64_t nc, const int8_t* B, int64_t b_sk, int64_t b_sn,
             int16_t* out, int64_t st_begin = 0, int64_t st_end = -1) {
   const int64_t S = steps(K);
   if (st_end < 0) st_end = S;
-  for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
+  auto pack = [&](int64_t st, int64_t j0) {  // step st of the panel at column n0 + j0
     const int64_t nr = min64(kNR, nc - j0);
-    int16_t* panel = out + (j0 / kNR) * S * kNR * 2;
-    for (int64_t st = st_begin; st < st_end; ++st) {
-      int16_t* d = panel + st * kNR * 2;
-      pack_step(B + (kStepK * st) * b_sk + (n0 + j0) * b_sn, b_sk, b_sn,
-                min64(kStepK, K - kStepK * st), nr, d);
-      for (int64_t j = nr; j < kNR; ++j) std::memcpy(d + 2 * j, &kZeroWord, 4);
-    }
+    int16_t* d = out + (j0 / kNR) * S * kNR * 2 + st * kNR * 2;
+    pack_step(B + (kStepK * st) * b_sk + (n0 + j0) * b_sn, b_sk, b_sn,
+              min64(kStepK, K - kStepK * st), nr, d);
+    for (int64_t j = nr; j < kNR; ++j) std::memcpy(d + 2 * j, &kZeroWord, 4);
+  };
+  if (nc <= kNR) {  // one panel (the loop over panels cost a 1x1 convolution on 60x60 2%)
+    for (int64_t st = st_begin; st < st_end; ++st) pack(st, 0);
+    return;
   }
+  for (int64_t st = st_begin; st < st_end; ++st)
+    for (int64_t j0 = 0; j0 < nc; j0 += kNR) pack(st, j0);
 }
 
 #if defined(ETB_QGEMM_U8S8)
@@ -609,14 +625,14 @@ inline void sliver_rows(const int16_t* apack, int64_t t, int64_t mr, int64_t K,
 void multiply_panels(int64_t m_base, int64_t M, int64_t K, const int16_t* apack, int64_t n_begin,
                      int64_t n_end, const int8_t* B, int64_t b_sk, int64_t b_sn, int16_t* panels,
                      int64_t group, QTileFn fn, void* ctx) {
-  const int64_t S = steps(K);
+  const int64_t S = steps(K), unit = packed_panels_a_call(K, b_sk, b_sn);
   alignas(64) int32_t tile[kMR * kNR];
   const int16_t* ar[kMR];
   for (int64_t g0 = n_begin; g0 < n_end; g0 += group * kNR) {
     const int64_t g_end = min64(n_end, g0 + group * kNR);
     auto panel_of = [&](int64_t n0) { return panels + (n0 - g0) / kNR * S * kNR * 2; };
-    for (int64_t n0 = g0; n0 < g_end; n0 += kNR)
-      pack_b(K, n0, min64(kNR, g_end - n0), B, b_sk, b_sn, panel_of(n0));
+    for (int64_t n0 = g0; n0 < g_end; n0 += unit * kNR)
+      pack_b(K, n0, min64(unit * kNR, g_end - n0), B, b_sk, b_sn, panel_of(n0));
     for (int64_t m0 = 0; m0 < M; m0 += kMR) {
       const int64_t mr = min64(kMR, M - m0);
       sliver_rows(apack, m0 / kMR, mr, K, ar);
@@ -958,20 +974,20 @@ void qgemm(const KernelContext& kctx, int64_t M, int64_t N, int64_t K, const int
         for (int64_t j = 0; j < last_nr; ++j)
           for (int64_t k = 0; k < K; ++k)
             dot_cols[j * K + k] = B[k * b_sk + (n0 + tiled + j) * b_sn];
-      // Packing tasks are (run of steps, panel), the runs outermost: with few panels (a 14x14
-      // or 7x7 plane has 7 or 2) a task a panel left one thread idle for a panel, and the
-      // thread that packs a run of depth reads the channels that the kernel before (split by
-      // channels) left in its core's cache.
-      const int64_t pack_panels = (tiled + kNR - 1) / kNR;
+      // Packing tasks are (run of steps, a call's panels), the runs outermost: with few
+      // panels (a 14x14 or 7x7 plane has 7 or 2) a task a panel left one thread idle for a
+      // panel, and the thread that packs a run of depth reads the channels that the kernel
+      // before (split by channels) left in its core's cache.
+      const int64_t unit = packed_panels_a_call(K, b_sk, b_sn);
+      const int64_t pack_units = (tiled + unit * kNR - 1) / (unit * kNR);
       const int64_t want = kTasksPerThread * int64_t(threads);
-      const int64_t depth_runs =
-          threads == 1 ? 1 : min64(S, (want + pack_panels - 1) / pack_panels);
+      const int64_t depth_runs = threads == 1 ? 1 : min64(S, (want + pack_units - 1) / pack_units);
       auto pack = [&](int64_t t, int) {
-        const int64_t panel = t % pack_panels, run = t / pack_panels, j0 = panel * kNR;
-        pack_b(K, n0 + j0, min64(kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2,
+        const int64_t panel = t % pack_units * unit, run = t / pack_units, j0 = panel * kNR;
+        pack_b(K, n0 + j0, min64(unit * kNR, nc - j0), B, b_sk, b_sn, bpack + panel * S * kNR * 2,
                S * run / depth_runs, S * (run + 1) / depth_runs);
       };
-      kctx.parallel_for(pack_panels * depth_runs, pack);
+      kctx.parallel_for(pack_units * depth_runs, pack);
       auto rows = [&](int64_t t, int) {
         alignas(64) int32_t tile[kMR * kNR];
         const int64_t m0 = mc0 + t * kMR, mr = min64(kMR, M - m0);
