@@ -137,11 +137,11 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
   const int64_t steps = (Q + 31) / 32, units = (oc_g + row_tile - 1) / row_tile;
   const TapsSplit split(threads, s.groups, steps, units, oc_g * K >= cin_g * plane);
   const int64_t runs = split.runs, chunks = split.chunks, copies = split.copies;
-  const size_t copy_bytes = (size_t(s.C * plane + kTapsSlack) * sizeof(float) + 63) / 64 * 64;
+  const size_t copy_bytes = align64(size_t(s.C * plane + kTapsSlack) * sizeof(float));
   const size_t taps_bytes = copy_bytes * size_t(copies);
-  const size_t offsets_bytes = (size_t(K) * sizeof(int64_t) + 63) / 64 * 64;
-  const size_t product_bytes = (size_t(s.OC * Q) * sizeof(float) + 63) / 64 * 64;
-  const size_t ws_bytes = (sgemm_rows_workspace_bytes(K) + 63) / 64 * 64;
+  const size_t offsets_bytes = align64(size_t(K) * sizeof(int64_t));
+  const size_t product_bytes = align64(size_t(s.OC * Q) * sizeof(float));
+  const size_t ws_bytes = align64(sgemm_rows_workspace_bytes(K));
   Result<void*> mem = ctx.allocate_temp(
       taps_bytes + offsets_bytes + product_bytes + ws_bytes * size_t(threads), 64);
   if (!mem.ok()) return mem.error();
@@ -319,7 +319,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     size_t per_thread = 0;
     for (int64_t b = 0; b < bands; ++b)
       per_thread =
-          std::max(per_thread, (depthwise_conv_f32_scratch_bytes(band_of(b).shape) + 63) / 64 * 64);
+          std::max(per_thread, align64(depthwise_conv_f32_scratch_bytes(band_of(b).shape)));
     const int64_t block = depthwise_conv_f32_channel_block(band_of(0).shape);
     const int64_t tasks = threads == 1 ? 1 : kTasksPerThread * threads / bands;  // a band's
     const int64_t run = ((s.C + tasks - 1) / tasks + block - 1) / block * block;
@@ -415,8 +415,8 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     // Many tiles: each task packs one column tile into its thread's buffer and multiplies it
     // there, so the whole convolution is one parallel loop (a tile's columns are computed the
     // same way on any thread).
-    const size_t col_bytes = (size_t(K * row_stride(pc)) * sizeof(float) + 63) / 64 * 64;
-    const size_t ws_bytes = (gemm_ws + 63) / 64 * 64;
+    const size_t col_bytes = align64(size_t(K * row_stride(pc)) * sizeof(float));
+    const size_t ws_bytes = align64(gemm_ws);
     Result<void*> tmp = ctx.allocate_temp((col_bytes + ws_bytes) * size_t(threads), 64);
     if (!tmp.ok()) return tmp.error();
     const KernelContext serial = ctx.within_task();

@@ -121,7 +121,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
   // convolution (depth 27) at 2 threads: 0.84 of its time a panel at a time with groups of 8
   // panels, and 0.92 of that again with 32 (these 32 KiB hold 36).
   const int64_t group = qgemm_panel_group(K);
-  const size_t col_bytes = (size_t(K * pc) + 63) / 64 * 64;  // then the group's panels
+  const size_t col_bytes = align64(size_t(K * pc));  // then the group's panels
   const size_t per_thread = col_bytes + size_t(group) * qgemm_panel_bytes(K);
   const int threads = ctx.num_threads();
   const size_t a_bytes = pw.packed != nullptr ? 0 : qgemm_packed_a_bytes(oc_g, K);
@@ -256,7 +256,7 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const int8_t* x, int32_t
   const TapsSplit split(int(ctx.num_threads()), s.groups, all_panels, slivers,
                         weight_bytes >= group_bytes);
   const int64_t runs = split.runs, chunks = split.chunks, copies = split.copies;
-  const size_t copy_bytes = (size_t(s.groups * group_words + nr) * sizeof(int32_t) + 63) / 64 * 64;
+  const size_t copy_bytes = align64(size_t(s.groups * group_words + nr) * sizeof(int32_t));
   const size_t words_bytes = copy_bytes * size_t(copies);
   Result<void*> mem =
       ctx.allocate_temp(words_bytes + size_t(S) * sizeof(int64_t) + a_bytes * size_t(s.groups), 64);
