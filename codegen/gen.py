@@ -53,6 +53,7 @@ def apply_selection(entries: list[OpEntry], selected: dict) -> list[OpEntry]:
                 fuses_clamp=e.fuses_clamp,
                 prepares=e.prepares,
                 in_place=e.in_place,
+                dim_orders=e.dim_orders,
                 source=e.source,
                 kernel_source=e.kernel_source,
             )
@@ -266,10 +267,13 @@ def _arg_spec(entry: OpEntry, arg: Arg) -> str:
         selected = f'selected_dtypes("{key}", "{arg.name}")'
         supported_set = _cpp_dtype_set(supported)
     write = "true" if arg.is_write and _norm_type(arg.type) == "Tensor" else "false"
+    # The dim orders it may have besides contiguous: each one's length, then its dims; 0 ends.
+    orders = [n for o in entry.dim_orders.get(arg.name, ()) for n in (len(o), *o)] + [0]
     return (
+        f"  static constexpr uint8_t k_{arg.name}_orders[] = {{{', '.join(map(str, orders))}}};\n"
         f"  static constexpr TensorArgSpec k_{arg.name}{{\n"
         f'      "{key}", "{arg.name}", {selected},\n'
-        f"      {supported_set}, {write}}};"
+        f"      {supported_set}, {write}, k_{arg.name}_orders}};"
     )
 
 
@@ -430,9 +434,31 @@ struct TensorArgSpec {
   DtypeSet selected;
   DtypeSet supported;
   bool write;
+  const uint8_t* orders;  // dim orders besides contiguous: length, dims, ...; 0 ends the list
 };
 
-// Checks one tensor argument: a dtype this runtime is built with, a contiguous dim order,
+// Whether `t`'s dim order is contiguous or one of `orders` (TensorArgSpec::orders).
+[[maybe_unused]] bool dim_order_taken(const Tensor& t, const uint8_t* orders) {
+  if (t.is_contiguous()) return true;
+  for (const uint8_t* o = orders; *o != 0; o += 1 + *o) {
+    if (*o != t.dim()) continue;
+    bool same = true;
+    for (int d = 0; d < t.dim(); ++d) same = same && o[1 + d] == t.dim_order()[size_t(d)];
+    if (same) return true;
+  }
+  return false;
+}
+
+// "(0, 2, 3, 1)" into buf.
+[[maybe_unused]] const char* format_dim_order(const uint8_t* dims, int n, char* buf, size_t len) {
+  size_t used = size_t(snprintf(buf, len, "("));
+  for (int d = 0; d < n && used < len; ++d)
+    used += size_t(snprintf(buf + used, len - used, d ? ", %d" : "%d", int(dims[d])));
+  if (used < len) snprintf(buf + used, len - used, ")");
+  return buf;
+}
+
+// Checks one tensor argument: a dtype this runtime is built with, a dim order its kernel takes,
 // writable when written and, when not at load (inputs get their memory later), data present.
 // (Unused when the selection has no operator: a program that runs in delegates only.)
 [[maybe_unused]] Error check_tensor_arg(const Tensor& t, const TensorArgSpec& a,
@@ -450,9 +476,18 @@ struct TensorArgSpec {
                 a.op, a.arg, scalar_type_name(t.dtype()),
                 format_dtype_set(a.supported, names, sizeof(names)));
   }
-  if (!t.is_contiguous())
-    return fail(Error::NotSupported, "%s: argument '%s' has a non-contiguous dim order", a.op,
-                a.arg);
+  if (!dim_order_taken(t, a.orders)) {
+    char order[64], takes[128];
+    size_t used = size_t(snprintf(takes, sizeof(takes), "contiguous"));
+    for (const uint8_t* o = a.orders; *o != 0 && used < sizeof(takes); o += 1 + *o) {
+      char one[64];
+      used += size_t(snprintf(takes + used, sizeof(takes) - used, " or %s",
+                              format_dim_order(o + 1, *o, one, sizeof(one))));
+    }
+    return fail(Error::NotSupported, "%s: argument '%s' has dim order %s; this kernel takes %s",
+                a.op, a.arg, format_dim_order(t.dim_order().data(), t.dim(), order, sizeof(order)),
+                takes);
+  }
   if (a.write && t.read_only())
     return fail(Error::InvalidProgram, "%s: argument '%s' is a constant and cannot be written",
                 a.op, a.arg);
@@ -492,6 +527,8 @@ def gen_registration(entries: list[OpEntry]) -> str:
     lines = [
         HEADER,
         '#include "register_kernels.h"',
+        "",
+        "#include <cstdio>",
         "",
         '#include "core/error.h"',
         '#include "native_functions.h"',

@@ -5,7 +5,7 @@ Each entry is in ExecuTorch's ``functions.yaml`` format: ``func`` (the full ``.o
 namespace defaults to ``aten``), optional ``type_alias`` (alias -> dtype names) and one kernel
 whose ``arg_meta`` maps tensor arguments to aliases. etbuild's own keys are described at the
 top of ``ops_yaml/portable.yaml`` (``in_place``, ``fuses_clamp``, ``prepare``,
-``kernel_source``). Dtype names are
+``dim_orders``, ``kernel_source``). Dtype names are
 the program schema's (``codegen/dtypes.py``). PyYAML only, no torch: the build runs this
 before the package is installed; ``pipeline/ops.py`` adds torch's view of each entry.
 """
@@ -67,6 +67,8 @@ class OpEntry:
     fuses_clamp: bool = False  # ops_yaml `fuses_clamp`: applies a fused activation clamp
     prepares: bool = False  # ops_yaml `prepare`: has a load-time hook NAME_prepare
     in_place: tuple[str, ...] = ()  # ops_yaml `in_place`: inputs the output may overwrite
+    # ops_yaml `dim_orders`: per tensor argument, the dim orders it may have besides contiguous
+    dim_orders: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     source: str = ""  # the YAML file the entry is in
     kernel_source: str = ""  # ops_yaml `kernel_source`: the file defining the kernel
 
@@ -127,7 +129,30 @@ def parse_schema(text: str) -> Schema:
 
 
 _FLAGS = ("fuses_clamp", "prepare")
-_KEYS = {"func", "type_alias", "kernels", "in_place", "kernel_source", *_FLAGS}
+_KEYS = {"func", "type_alias", "kernels", "in_place", "kernel_source", "dim_orders", *_FLAGS}
+
+
+def _dim_orders(raw: object, schema: Schema, where: str) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """ops_yaml `dim_orders`: tensor argument -> the dim orders (permutations) it may have
+    besides the contiguous one."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CodegenError(f"{where}: dim_orders must map argument names to lists of dim orders")
+    tensors = {a.name for a in schema.args if a.type.startswith("Tensor")}
+    out = {}
+    for arg, orders in raw.items():
+        if arg not in tensors:
+            raise CodegenError(f"{where}: dim_orders names '{arg}', not a tensor argument")
+        if not isinstance(orders, list) or not orders:
+            raise CodegenError(f"{where}: dim_orders of '{arg}' must be a list of dim orders")
+        for order in orders:
+            if not isinstance(order, list) or sorted(order) != list(range(len(order))):
+                raise CodegenError(
+                    f"{where}: dim order {order!r} of '{arg}' is not a permutation of 0..n-1"
+                )
+        out[arg] = tuple(tuple(o) for o in orders)
+    return out
 
 
 def _entry(raw: object, source: str) -> OpEntry:
@@ -175,6 +200,7 @@ def _entry(raw: object, source: str) -> OpEntry:
         fuses_clamp=flags["fuses_clamp"],
         prepares=flags["prepare"],
         in_place=in_place,
+        dim_orders=_dim_orders(raw.get("dim_orders"), schema, where),
         source=source,
         kernel_source=kernel_source,
     )

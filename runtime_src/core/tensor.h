@@ -48,6 +48,12 @@ class Tensor {
     return true;
   }
 
+  /// True for a 4-d tensor in dim order (0, 2, 3, 1): NCHW sizes, laid out [N][H][W][C].
+  bool is_channels_last() const {
+    return dim_ == 4 && dim_order_[0] == 0 && dim_order_[1] == 2 && dim_order_[2] == 3 &&
+           dim_order_[3] == 1;
+  }
+
   void* data() const { return data_; }
   template <typename T>
   T* data_as() const { return static_cast<T*>(data_); }
