@@ -1,4 +1,5 @@
-// 1-d and 2-d convolution (NCHW, grouped and depthwise, and transposed) on Float tensors.
+// 1-d and 2-d convolution (NCHW, grouped and depthwise, and transposed) on Float tensors, and
+// 2-d on channels-last (NHWC) activations (conv_channels_last).
 //
 // Four paths: pointwise (1x1, stride 1, no padding) is one GEMM per group, reading the
 // weights and the activations in place; depthwise (one input channel per group) has its own
@@ -9,9 +10,11 @@
 #include <algorithm>
 
 #include "kernels/portable/depthwise.h"
+#include "kernels/portable/depthwise_nhwc.h"
 #include "kernels/portable/gemm.h"
 #include "kernels/portable/geometry.h"
 #include "kernels/portable/util.h"
+#include "kernels/simd.h"
 #include "native_functions.h"
 
 namespace etb {
@@ -211,6 +214,269 @@ Error conv_taps(KernelContext& ctx, const ConvShape& s, const float* x, const fl
 }
 #endif
 
+// A convolution of few input channels (a network's stem: 3 of an image), groups 1, into
+// channels-last output, straight from the input (channels-last or NCHW: `cs` and `ps` are the
+// strides of a channel and of a pixel along a row). An im2col row would be a run of C = 3
+// floats a tap, which cost more to pack than the product. The lanes are output channels: a
+// step broadcasts one input value and multiply-adds a tap's vectors of weights, for a block of
+// pixels of a row at once where all their taps are inside the input, else for one pixel,
+// whose taps in the padding are skipped. Both sum the taps in one order (kh, kw, c), so the
+// bits do not depend on which rows a call covers.
+constexpr int64_t kDirectChannels = 4;
+
+template <int NV>
+void direct_chunk(const ConvShape& s, const float* x, int64_t cs, int64_t ps, const float* w,
+                  const float* bias, OutputClamp clamp, float* y, int64_t oc0, int64_t oh) {
+  using simd::VecF;
+  // Pixels a block (up to 8): their kMR x NV accumulators, NV weights and a broadcast in the
+  // vector registers (32 with AVX-512 and NEON, 16 with AVX2 and SSE2).
+#if defined(ETB_SIMD_AVX512) || defined(__aarch64__)
+  constexpr int kRegisters = 32;
+#else
+  constexpr int kRegisters = 16;
+#endif
+  constexpr int kW = VecF::kWidth, kMR = std::min(8, (kRegisters - NV - 1) / NV);
+  const int64_t width = s.OC - oc0 < NV * kW ? s.OC - oc0 : NV * kW;
+  const int last = int(width - (NV - 1) * kW);  // lanes of the last vector
+  const int64_t rs = ps * s.W;                  // a row of the input
+  const VecF lo = VecF::broadcast(clamp.lo), hi = VecF::broadcast(clamp.hi);
+  auto load_w = [&](const float* p, int v) {
+    return v + 1 < NV ? VecF::load(p + v * kW) : VecF::load_partial(p + v * kW, last);
+  };
+  auto init = [&](VecF* acc) {
+    for (int v = 0; v < NV; ++v) acc[v] = bias != nullptr ? load_w(bias + oc0, v) : VecF::zero();
+  };
+  auto finish = [&](VecF* acc, float* out) {
+    for (int v = 0; v < NV; ++v) {
+      const VecF r = simd::clamp(acc[v], lo, hi);
+      if (v + 1 < NV)
+        r.store(out + v * kW);
+      else
+        r.store_partial(out + v * kW, last);
+    }
+  };
+  const int64_t ih0 = oh * s.sh - s.ph;
+  const bool rows_inside = ih0 >= 0 && ih0 + (s.KH - 1) * s.dh < s.H;
+  float* yr = y + oh * s.OW * s.OC + oc0;
+  for (int64_t ow = 0; ow < s.OW;) {
+    const int64_t iw0 = ow * s.sw - s.pw;
+    const bool block_inside = rows_inside && iw0 >= 0 && ow + kMR <= s.OW &&
+                              iw0 + (kMR - 1) * s.sw + (s.KW - 1) * s.dw < s.W;
+    if (block_inside) {
+      VecF acc[kMR][NV];
+      for (int m = 0; m < kMR; ++m) init(acc[m]);
+      for (int64_t kh = 0; kh < s.KH; ++kh)
+        for (int64_t kw = 0; kw < s.KW; ++kw) {
+          const float* xt = x + (ih0 + kh * s.dh) * rs + (iw0 + kw * s.dw) * ps;
+          const float* wt = w + (kh * s.KW + kw) * s.C * s.OC + oc0;
+          for (int64_t c = 0; c < s.C; ++c, xt += cs, wt += s.OC) {
+            VecF wv[NV];
+            for (int v = 0; v < NV; ++v) wv[v] = load_w(wt, v);
+            for (int m = 0; m < kMR; ++m) {
+              const VecF xv = VecF::broadcast(xt[m * s.sw * ps]);
+              for (int v = 0; v < NV; ++v) acc[m][v] = simd::fma(xv, wv[v], acc[m][v]);
+            }
+          }
+        }
+      for (int m = 0; m < kMR; ++m) finish(acc[m], yr + (ow + m) * s.OC);
+      ow += kMR;
+      continue;
+    }
+    VecF acc[NV];
+    init(acc);
+    for (int64_t kh = 0; kh < s.KH; ++kh) {
+      const int64_t ih = ih0 + kh * s.dh;
+      if (ih < 0 || ih >= s.H) continue;
+      for (int64_t kw = 0; kw < s.KW; ++kw) {
+        const int64_t iw = iw0 + kw * s.dw;
+        if (iw < 0 || iw >= s.W) continue;
+        const float* xt = x + ih * rs + iw * ps;
+        const float* wt = w + (kh * s.KW + kw) * s.C * s.OC + oc0;
+        for (int64_t c = 0; c < s.C; ++c, xt += cs, wt += s.OC) {
+          const VecF xv = VecF::broadcast(*xt);
+          for (int v = 0; v < NV; ++v) acc[v] = simd::fma(xv, load_w(wt, v), acc[v]);
+        }
+      }
+    }
+    finish(acc, yr + ow * s.OC);
+    ++ow;
+  }
+}
+
+// Rows [oh0, oh1) of batch item n (x and y at the item), every output channel, in chunks of
+// up to 4 vectors of them.
+void conv_direct(const ConvShape& s, const float* x, int64_t cs, int64_t ps, const float* w,
+                 const float* bias, OutputClamp clamp, float* y, int64_t oh0, int64_t oh1) {
+  constexpr int64_t kW = simd::VecF::kWidth;
+  for (int64_t oh = oh0; oh < oh1; ++oh)
+    for (int64_t oc0 = 0; oc0 < s.OC; oc0 += 4 * kW) {
+      switch ((std::min(s.OC - oc0, 4 * kW) + kW - 1) / kW) {
+        case 1: direct_chunk<1>(s, x, cs, ps, w, bias, clamp, y, oc0, oh); break;
+        case 2: direct_chunk<2>(s, x, cs, ps, w, bias, clamp, y, oc0, oh); break;
+        case 3: direct_chunk<3>(s, x, cs, ps, w, bias, clamp, y, oc0, oh); break;
+        default: direct_chunk<4>(s, x, cs, ps, w, bias, clamp, y, oc0, oh); break;
+      }
+    }
+}
+
+// Splits output rows over the threads: per batch item, bands of rows (kTasksPerThread a
+// thread); f(n, oh0, oh1).
+template <typename F>
+void parallel_row_bands(KernelContext& ctx, const ConvShape& s, F&& f) {
+  const int threads = ctx.num_threads();
+  const int64_t bands = threads == 1 ? 1 : std::min<int64_t>(s.OH, kTasksPerThread * threads);
+  auto band = [&](int64_t t, int) {
+    const int64_t n = t / bands, b = t % bands;
+    f(n, s.OH * b / bands, s.OH * (b + 1) / bands);
+  };
+  ctx.parallel_for(s.N * bands, band);
+}
+
+// A small plane's convolution (groups 1) on channels-last tensors with its weight as the
+// model has it, [OC][C][KH][KW] (pipeline/layout.py keeps it so on planes of few pixels): per
+// batch item the NCHW product, out^T = weight x columns [K x P] (packed from the NHWC input),
+// then out^T transposed into place. With the pixels as the GEMM's rows, as the other paths
+// take them, each of a 7x7 plane's few row tiles read all the weights again (a 3x3 512 -> 512
+// convolution took 1.2x as long).
+Error conv_channels_last_small(KernelContext& ctx, const ConvShape& s, const float* x,
+                               const float* w, const float* bias, float* y) {
+  const int64_t P = s.OH * s.OW, K = s.C * s.KH * s.KW, ld = (P + 15) / 16 * 16;
+  const size_t cols_bytes = align64(size_t(K * ld) * sizeof(float));
+  const size_t product_bytes = align64(size_t(s.OC * ld) * sizeof(float));
+  Result<void*> mem = ctx.allocate_temp(cols_bytes + product_bytes, 64);
+  if (!mem.ok()) return mem.error();
+  Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(s.OC, P, K, ld), 64);
+  if (!ws.ok()) return ws.error();
+  float* cols = static_cast<float*>(mem.value());
+  float* product = reinterpret_cast<float*>(static_cast<char*>(mem.value()) + cols_bytes);
+  GemmEpilogue ep;
+  ep.init = bias != nullptr ? GemmInit::RowBias : GemmInit::Zero;
+  ep.bias = bias;
+  ep.clamp = ctx.output_clamp();
+  for (int64_t n = 0; n < s.N; ++n) {
+    const float* xn = x + n * s.H * s.W * s.C;
+    // Row (c, kh, kw) of the columns: that tap of channel c at every output pixel.
+    auto pack = [&](int64_t c, int) {
+      float* row = cols + c * s.KH * s.KW * ld;
+      for (int64_t kh = 0; kh < s.KH; ++kh)
+        for (int64_t kw = 0; kw < s.KW; ++kw, row += ld)
+          for (int64_t oh = 0; oh < s.OH; ++oh) {
+            const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+            for (int64_t ow = 0; ow < s.OW; ++ow) {
+              const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+              const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+              row[oh * s.OW + ow] = inside ? xn[(ih * s.W + iw) * s.C + c] : 0.f;
+            }
+          }
+    };
+    ctx.parallel_for(s.C, pack);
+    sgemm(ctx, s.OC, P, K, w, K, cols, ld, product, ld, ep, static_cast<float*>(ws.value()));
+    float* yn = y + n * P * s.OC;
+    auto transpose = [&](int64_t p, int) {
+      for (int64_t oc = 0; oc < s.OC; ++oc) yn[p * s.OC + oc] = product[oc * ld + p];
+    };
+    ctx.parallel_for(P, transpose);
+  }
+  return Error::Ok;
+}
+
+// Channels-last (NHWC) activations, pipeline/layout.py: input [N][H][W][C], out
+// [N][OH][OW][OC], weight [KH][KW][C][OC] (dim order (2, 3, 1, 0)). Every path splits the
+// pixels over the threads, so each thread reads and writes one run of memory of each tensor
+// (with NCHW planes, every plane held a boundary between the threads' data).
+// - small planes, whose weight the lowering leaves as it is: conv_channels_last_small;
+// - pointwise (1x1, stride 1, no padding): one GEMM, pixels as rows: out = x * w + bias;
+// - depthwise (groups == C == OC): depthwise_nhwc.h, a band of output rows a task;
+// - few input channels (a stem): conv_direct, which also takes an NCHW input (the graph's);
+// - others (groups 1): the GEMM on im2col rows, whose K = KH x KW x C columns are a run of C
+//   channels a tap (the weight's rows in that order). Where the weights fit in L2 each task
+//   packs a block of pixels into its thread's scratch and multiplies it there; else all the
+//   rows are packed first (in parallel) and one GEMM splits them.
+Error conv_channels_last(KernelContext& ctx, const ConvShape& s, const float* x,
+                         bool x_channels_last, const float* w, bool w_taps_last, const float* bias,
+                         float* y) {
+  const int64_t P = s.N * s.OH * s.OW;
+  const OutputClamp clamp = ctx.output_clamp();
+  if (s.groups > 1) {  // depthwise
+    parallel_row_bands(ctx, s, [&](int64_t n, int64_t oh0, int64_t oh1) {
+      depthwise_nhwc_f32(s, x, w, bias, clamp, y, n, oh0, oh1);
+    });
+    return Error::Ok;
+  }
+  if (!w_taps_last) return conv_channels_last_small(ctx, s, x, w, bias, y);
+  if (s.C <= kDirectChannels) {
+    parallel_row_bands(ctx, s, [&](int64_t n, int64_t oh0, int64_t oh1) {
+      const int64_t item = s.C * s.H * s.W;
+      const int64_t cs = x_channels_last ? 1 : s.H * s.W, ps = x_channels_last ? s.C : 1;
+      conv_direct(s, x + n * item, cs, ps, w, bias, clamp, y + n * s.OH * s.OW * s.OC, oh0, oh1);
+    });
+    return Error::Ok;
+  }
+  GemmEpilogue ep;
+  ep.init = bias != nullptr ? GemmInit::ColBias : GemmInit::Zero;
+  ep.bias = bias;
+  ep.clamp = clamp;
+  const int64_t K = s.KH * s.KW * s.C;
+  if (s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0) {
+    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(P, s.OC, K, s.OC), 64);
+    if (!ws.ok()) return ws.error();
+    sgemm(ctx, P, s.OC, K, x, K, w, s.OC, y, s.OC, ep, static_cast<float*>(ws.value()));
+    return Error::Ok;
+  }
+  // Row p of the im2col matrix (output pixel p of the whole batch): tap (kh, kw)'s C channels
+  // at columns (kh KW + kw) C, zeros where the tap falls in the padding.
+  auto pack_row = [&](int64_t p, float* row) {
+    const int64_t n = p / (s.OH * s.OW), oh = p / s.OW % s.OH, ow = p % s.OW;
+    for (int64_t kh = 0; kh < s.KH; ++kh) {
+      const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+      for (int64_t kw = 0; kw < s.KW; ++kw, row += s.C) {
+        const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+        if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W)
+          std::fill(row, row + s.C, 0.f);
+        else
+          copy_run(row, x + ((n * s.H + ih) * s.W + iw) * s.C, s.C);
+      }
+    }
+  };
+  const int threads = ctx.num_threads();
+  const int64_t weight_bytes = K * s.OC * int64_t(sizeof(float));
+  if (weight_bytes > (int64_t(1) << 20)) {
+    // Big weights (ResNet18's 14x14 and 7x7 layers): blocks of rows would each read them all
+    // again; pack every row, then one GEMM whose blocking keeps a slice of them in L2.
+    Result<void*> rows = ctx.allocate_temp(size_t(P * K) * sizeof(float), 64);
+    if (!rows.ok()) return rows.error();
+    float* a = static_cast<float*>(rows.value());
+    parallel_range(ctx, P, K, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) pack_row(p, a + p * K);
+    });
+    Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(P, s.OC, K, s.OC), 64);
+    if (!ws.ok()) return ws.error();
+    sgemm(ctx, P, s.OC, K, a, K, w, s.OC, y, s.OC, ep, static_cast<float*>(ws.value()));
+    return Error::Ok;
+  }
+  // Blocks of whole row tiles, of about 64 KB of rows (at least one tile).
+  const int64_t tile = sgemm_row_tile();
+  int64_t block = (int64_t(64) << 10) / (K * int64_t(sizeof(float))) / tile * tile;
+  if (block < tile) block = tile;
+  if (block > P) block = P;
+  const int64_t blocks = (P + block - 1) / block;
+  const size_t rows_bytes = align64(size_t(block * K) * sizeof(float));
+  const size_t ws_bytes = align64(sgemm_workspace_bytes(block, s.OC, K, s.OC));
+  Result<void*> tmp = ctx.allocate_temp((rows_bytes + ws_bytes) * size_t(threads), 64);
+  if (!tmp.ok()) return tmp.error();
+  const KernelContext serial = ctx.within_task();
+  auto multiply = [&](int64_t t, int thread) {
+    const int64_t p0 = t * block, rows = P - p0 < block ? P - p0 : block;
+    char* mine = ctx.thread_slice(thread, tmp.value(), rows_bytes + ws_bytes);
+    float* a = reinterpret_cast<float*>(mine);
+    for (int64_t r = 0; r < rows; ++r) pack_row(p0 + r, a + r * K);
+    sgemm(serial, rows, s.OC, K, a, K, w, s.OC, y + p0 * s.OC, s.OC, ep,
+          reinterpret_cast<float*>(mine + rows_bytes));
+  };
+  ctx.parallel_for(blocks, multiply);
+  return Error::Ok;
+}
+
 }  // namespace
 
 Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight,
@@ -285,6 +551,29 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
   const float* w = weight.data_as<float>();
   float* y = out.data_as<float>();
   const int64_t P = s.OH * s.OW;
+  if (input.is_channels_last() || out.is_channels_last() || !weight.is_contiguous()) {
+    static constexpr uint8_t kTapsLast[] = {2, 3, 1, 0};
+    bool taps_last = weight.dim() == 4;
+    for (int d = 0; taps_last && d < 4; ++d)
+      taps_last = weight.dim_order()[size_t(d)] == kTapsLast[d];
+    const bool stem = input.is_contiguous() && groups == 1 && s.C <= kDirectChannels;
+    // The weight as the model has it: the small-plane product, groups 1, channels-last input.
+    const bool small = weight.is_contiguous() && groups == 1 && input.is_channels_last();
+    if (!(input.is_channels_last() || stem) || !out.is_channels_last() || !(taps_last || small))
+      return fail(Error::NotSupported,
+                  "convolution: channels-last needs input and out in dim order (0, 2, 3, 1) and "
+                  "the weight in (2, 3, 1, 0) (or contiguous, with groups 1), the input "
+                  "contiguous only with at most %lld channels",
+                  (long long)kDirectChannels);
+    if (groups != 1 && !(groups == s.C && s.OC == s.C))
+      return fail(Error::NotSupported,
+                  "convolution: channels-last takes groups 1 or depthwise (one output channel "
+                  "per input channel), got groups=%lld",
+                  (long long)groups);
+    if (out.numel() == 0) return Error::Ok;
+    return conv_channels_last(ctx, s, x, input.is_channels_last(), w, taps_last,
+                              bias != nullptr ? bias->data_as<float>() : nullptr, y);
+  }
   if (out.numel() == 0) return Error::Ok;
   if (cin_g == 1 && groups > 1) {
     // Depthwise. On a large plane (splits_pixels) each thread takes a band of output rows of

@@ -144,6 +144,7 @@ Error binary(const KernelContext& ctx, const char* name, const Tensor& a, const 
   int dim = 0;
   ETB_TRY(broadcast_shape(a, b, sizes, &dim, name));
   ETB_TRY(resize_to(out, sizes, dim));
+  ETB_TRY(check_elementwise_dim_orders(name, out, a, &b));
   if (!is_loadable(a.dtype()) || !is_loadable(b.dtype()) || !is_loadable(out.dtype()))
     return fail(Error::NotSupported, "%s: unsupported dtype", name);
   const bool out_float = is_floating(out.dtype());
@@ -196,6 +197,7 @@ Error unary_float(const KernelContext& ctx, const char* name, const Tensor& self
   ETB_TRY(expect_dtype(self, ScalarType::Float, name, "self"));
   ETB_TRY(expect_dtype(out, ScalarType::Float, name, "out"));
   ETB_TRY(out.resize(self.sizes()));
+  ETB_TRY(check_elementwise_dim_orders(name, out, self));
   const float* x = self.data_as<float>();
   float* o = out.data_as<float>();
   parallel_range(ctx, self.numel(), 1, [&](int64_t b, int64_t e) {

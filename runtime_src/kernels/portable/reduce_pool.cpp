@@ -241,6 +241,28 @@ Error sum_or_mean(const KernelContext& ctx, const Tensor& self, Optional<Span<co
   const float* x = self.data_as<float>();
   float* y = out.data_as<float>();
   const int64_t on = out.numel();
+  if (self.is_channels_last()) {
+    // [N][H][W][C] over the plane (a global average pool): each task a run of channels of
+    // one batch item, summed in doubles pixel by pixel, as the fast path below sums a plane.
+    if (reduce[0] || reduce[1] || !reduce[2] || !reduce[3])
+      return fail(Error::NotSupported,
+                  "%s: a channels-last input reduces over its plane (dims 2 and 3) only", op);
+    const int64_t C = self.size(1), HW = count;
+    constexpr int64_t kRun = 64;
+    const int64_t runs = (C + kRun - 1) / kRun;
+    parallel_range(ctx, self.size(0) * runs, HW * kRun, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = t / runs, c0 = t % runs * kRun, cn = C - c0 < kRun ? C - c0 : kRun;
+        double sums[kRun] = {};
+        const float* xn = x + n * HW * C + c0;
+        for (int64_t p = 0; p < HW; ++p)
+          for (int64_t c = 0; c < cn; ++c) sums[c] += xn[p * C + c];
+        for (int64_t c = 0; c < cn; ++c)
+          y[n * C + c0 + c] = !kMean ? float(sums[c]) : HW == 0 ? NAN : float(sums[c] / double(HW));
+      }
+    });
+    return Error::Ok;
+  }
   if (plan.innermost) {  // fast path, one output per thread task element: split over threads
     parallel_range(ctx, on, count, [&](int64_t begin, int64_t end) {
       for (int64_t o = begin; o < end; ++o) {

@@ -220,7 +220,34 @@ void for_each_row(const Broadcast2& p, F&& f) {
 /// else 0: kernels split large planes over threads by pixels (splits_pixels).
 inline int64_t plane_pixels(const Tensor& t) {
   const int d = int(t.dim());
+  if (!t.is_contiguous()) return 0;  // channels-last: no planes; a split of the flat elements
   return d >= 3 ? t.size(d - 2) * t.size(d - 1) : 0;
+}
+
+/// Whether a and b have the same dim order (and so the same number of dims).
+inline bool same_dim_order(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int d = 0; d < a.dim(); ++d)
+    if (a.dim_order()[size_t(d)] != b.dim_order()[size_t(d)]) return false;
+  return true;
+}
+
+/// For elementwise kernels, which run on the flat elements: every tensor in one dim order, and
+/// in a non-contiguous one the same sizes (broadcasting is for contiguous tensors).
+inline Error check_elementwise_dim_orders(const char* op, const Tensor& out, const Tensor& a,
+                                          const Tensor* b = nullptr) {
+  if (out.is_contiguous() && a.is_contiguous() && (b == nullptr || b->is_contiguous()))
+    return Error::Ok;
+  const bool same = same_dim_order(out, a) && (b == nullptr || same_dim_order(out, *b));
+  bool sizes = same;
+  for (int d = 0; same && d < out.dim(); ++d)
+    sizes = sizes && a.size(d) == out.size(d) && (b == nullptr || b->size(d) == out.size(d));
+  if (!same || !sizes)
+    return fail(Error::NotSupported,
+                "%s: a channels-last argument needs every tensor channels-last and of one shape "
+                "(broadcasting takes contiguous tensors); the program is not etbuild's",
+                op);
+  return Error::Ok;
 }
 
 /// Elements of work a task gets at least when a kernel splits elementwise or per-row work over
