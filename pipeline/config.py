@@ -426,6 +426,10 @@ class LowerConfig:
     # ExecuTorch's runtime has no such kernels, so the program then needs etbuild's (off by
     # default: a Float program without a delegate loads in either runtime).
     fuse_float_blocks: bool = False
+    # Float convolutions and the ops between them keep their activations channels-last (NHWC,
+    # pipeline/layout.py): each thread's share of a layer is then one run of memory. Only
+    # etbuild's runtime runs such a program (ExecuTorch's kernels take contiguous tensors).
+    channels_last: bool = False
 
 
 @dataclass

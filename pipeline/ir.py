@@ -34,6 +34,8 @@ class TensorValue:
     alias_offset: int = 0
     is_input: bool = False
     is_output: bool = False
+    # The order of the dims in memory, outermost first (pipeline/layout.py); None: contiguous.
+    dim_order: tuple[int, ...] | None = None
 
     @property
     def is_constant(self) -> bool:

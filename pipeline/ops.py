@@ -28,6 +28,8 @@ class OpDef:
     dtypes: dict[str, tuple[torch.dtype, ...]]  # argument name -> supported dtypes
     in_place: tuple[str, ...]
     source: str  # yaml file it came from
+    # tensor argument -> the dim orders it may have besides contiguous (ops_yaml `dim_orders`)
+    dim_orders: dict[str, tuple[tuple[int, ...], ...]]
 
     @property
     def key(self) -> str:
@@ -46,7 +48,15 @@ def _opdef(entry: OpEntry) -> OpDef:
         if missing:
             raise EtbuildError(f"{where} argument {arg}: torch has no dtype {', '.join(missing)}")
         dtypes[arg] = tuple(TORCH_DTYPES[n] for n in names)
-    return OpDef(schema.name, schema.overload_name, schema, dtypes, entry.in_place, entry.source)
+    return OpDef(
+        schema.name,
+        schema.overload_name,
+        schema,
+        dtypes,
+        entry.in_place,
+        entry.source,
+        entry.dim_orders,
+    )
 
 
 @functools.lru_cache(maxsize=4)

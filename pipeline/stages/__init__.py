@@ -78,6 +78,7 @@ STAGES: list[Stage] = [
         out_variant.run,
         reads=("graph",),
         writes=("program",),
+        config=("pipeline.lower.channels_last",),
         cacheable=True,
     ),
     Stage(

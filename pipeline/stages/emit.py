@@ -27,8 +27,12 @@ MEMORY_FORMATS = {
 }
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+def tensor_bytes(t: torch.Tensor, dim_order: tuple[int, ...] | None = None) -> bytes:
+    """The tensor's elements as the program stores them: in `dim_order` (None: contiguous)."""
+    t = t.detach()
+    if dim_order is not None:
+        t = t.permute(dim_order)
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 class _Emitter:
@@ -119,8 +123,8 @@ class _Emitter:
         t.items = idx
         return self._add(kind, t, (kind, tuple(idx)))
 
-    def constant_buffer(self, data: torch.Tensor) -> int:
-        raw = tensor_bytes(data)
+    def constant_buffer(self, v: TensorValue) -> int:
+        raw = tensor_bytes(v.data, v.dim_order)
         digest = hashlib.sha256(raw).hexdigest()
         if digest not in self.constant_index:
             start = pte.align_up(len(self.constants), self.constant_alignment)
@@ -139,15 +143,17 @@ class _Emitter:
             raise EtbuildError(f"tensor {v.name!r} has dtype {v.dtype}, which programs cannot hold")
         t.scalarType = SCALAR_TYPES[v.dtype]
         t.sizes = list(v.shape)
-        t.dimOrder = list(range(len(v.shape)))
+        t.dimOrder = list(v.dim_order or range(len(v.shape)))
         t.shapeDynamism = 1 if v.dynamic else 0
         copied = v.is_constant and id(v) in self.plan.location
         if v.is_constant and not copied:
-            t.dataBufferIdx = self.constant_buffer(v.data)
+            t.dataBufferIdx = self.constant_buffer(v)
         else:
             if copied:
                 start = pte.align_up(len(self.copied), self.constant_alignment)
-                self.copied += b"\0" * (start - len(self.copied)) + tensor_bytes(v.data)
+                self.copied += b"\0" * (start - len(self.copied)) + tensor_bytes(
+                    v.data, v.dim_order
+                )
                 self.copied_offsets.append(start)
                 t.dataBufferIdx = len(self.copied_offsets) - 1
             bank, offset = self.plan.where(v)

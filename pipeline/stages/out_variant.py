@@ -17,6 +17,7 @@ from .. import passes
 from ..errors import EtbuildError
 from ..graph import Graph, source_of
 from ..ir import DelegateCall, Instruction, Program, SymValue, TensorValue
+from ..layout import to_channels_last
 from ..ops import load_ops
 from ..partition import DelegatedPartition
 from ..runner import Context
@@ -187,6 +188,10 @@ def build_program(g: Graph) -> Program:
 
 def run(ctx: Context) -> None:
     program = build_program(ctx.artifacts["graph"])
+    summary = {}
+    if ctx.cfg.pipeline.lower.channels_last:
+        ran, converted = to_channels_last(program, load_ops())
+        summary = {"channels_last_calls": ran, "dim_order_conversions": converted}
     ctx.artifacts["program"] = program
     aliases = sum(1 for v in program.values if v.alias_of is not None)
-    ctx.summarize(instructions=len(program.instructions), views_aliased=aliases)
+    ctx.summarize(instructions=len(program.instructions), views_aliased=aliases, **summary)

@@ -444,7 +444,42 @@ def int8_runs(runners, int8_program: Program, tmp_path_factory: pytest.TempPathF
     return _runs_of(runners, int8_program, tmp_path_factory, "int8")
 
 
+# ---- the channels-last program (pipeline.lower.channels_last): test_channels_last's cases ---
+
+
+@pytest.fixture(scope="session")
+def channels_last_program(tmp_path_factory: pytest.TempPathFactory) -> Program:
+    from test_channels_last import CASES, OVERRIDES, Twice
+
+    cases = [Case(name, Twice(conv, act), [list(shape)]) for name, conv, act, shape in CASES]
+    suite = Suite(cases).eval()
+    torch.manual_seed(SEED)
+    inputs = [torch.randn(c.shapes[0]) for c in cases]
+    with torch.no_grad():
+        expected = list(suite(*inputs))
+    path = build_with_pipeline(suite, inputs, tmp_path_factory.mktemp("isa_nhwc"), OVERRIDES)
+    return Program(path, cases, inputs, expected)
+
+
+@pytest.fixture(scope="session")
+def channels_last_runs(runners, channels_last_program: Program, tmp_path_factory):
+    return _runs_of(runners, channels_last_program, tmp_path_factory, "nhwc")
+
+
 # ---- the tests ------------------------------------------------------------------------------
+
+
+def _torch_differences(program: Program, outputs: list[torch.Tensor]) -> list[str]:
+    """One line for each case whose output differs from torch's beyond float rounding."""
+    assert len(outputs) == len(program.cases)
+    failures = []
+    for case, got, want in zip(program.cases, outputs, program.expected, strict=True):
+        try:
+            assert_matches(got, want, 1e-4)
+        except AssertionError as exc:
+            shapes = " ".join(str(s) for s in case.shapes)
+            failures.append(f"{case.name} ({shapes}; {case.module}): {exc}")
+    return failures
 
 
 def _bit_differences(cases, got: list[torch.Tensor], want: list[torch.Tensor]) -> list[str]:
@@ -473,17 +508,26 @@ def test_runner_reports_the_isa_it_was_built_for(runners, name, isa, overrides) 
 def test_kernels_match_torch(runs, program: Program, name, isa, overrides) -> None:
     stdout, outputs = runs(name, overrides)
     assert re.search(rf"^kernel_isa: {isa}$", stdout, re.M), stdout[-2000:]
-    assert len(outputs) == len(program.cases)
-    failures = []
-    for case, got, want in zip(program.cases, outputs, program.expected, strict=True):
-        try:
-            assert_matches(got, want, 1e-4)
-        except AssertionError as exc:
-            shapes = " ".join(str(s) for s in case.shapes)
-            failures.append(f"{case.name} ({shapes}; {case.module}): {exc}")
+    failures = _torch_differences(program, outputs)
     assert not failures, f"{isa}: {len(failures)} of {len(outputs)} cases differ from torch:\n" + (
         "\n".join(failures)
     )
+
+
+@pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
+def test_channels_last_kernels_match_torch_at_any_thread_count(
+    channels_last_runs, channels_last_program: Program, name, isa, overrides
+) -> None:
+    """The channels-last paths (depthwise on channel lanes, the stem's direct product, the
+    GEMM with pixels as rows, the small-plane product) on each instruction set: torch's
+    results, and one thread's bits at 2 threads."""
+    prog = channels_last_program
+    stdout, one = channels_last_runs(name, overrides)
+    assert re.search(rf"^kernel_isa: {isa}$", stdout, re.M), stdout[-2000:]
+    failures = _torch_differences(prog, one)
+    _, two = channels_last_runs(name, overrides, 2)
+    failures += _bit_differences(prog.cases, two, one)
+    assert not failures, f"{isa}: " + "\n".join(failures)
 
 
 @pytest.mark.parametrize(("name", "isa", "overrides"), PARAMS)
