@@ -131,6 +131,22 @@ Error plan_reduction(const Tensor& self, Span<const int64_t> dims, bool keepdim,
   return Error::Ok;
 }
 
+Error check_elementwise_dim_orders(const char* op, const Tensor& out, const Tensor& a,
+                                   const Tensor* b) {
+  if (out.is_contiguous() && a.is_contiguous() && (b == nullptr || b->is_contiguous()))
+    return Error::Ok;
+  const bool same = same_dim_order(out, a) && (b == nullptr || same_dim_order(out, *b));
+  bool sizes = same;
+  for (int d = 0; same && d < out.dim(); ++d)
+    sizes = sizes && a.size(d) == out.size(d) && (b == nullptr || b->size(d) == out.size(d));
+  if (!same || !sizes)
+    return fail(Error::NotSupported,
+                "%s: a channels-last argument needs every tensor channels-last and of one shape "
+                "(broadcasting takes contiguous tensors); the program is not etbuild's",
+                op);
+  return Error::Ok;
+}
+
 }  // namespace native
 
 // Compiled with the kernel flags (ETB_ARCH), so it names the path the kernels took.

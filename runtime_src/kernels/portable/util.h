@@ -233,22 +233,10 @@ inline bool same_dim_order(const Tensor& a, const Tensor& b) {
 }
 
 /// For elementwise kernels, which run on the flat elements: every tensor in one dim order, and
-/// in a non-contiguous one the same sizes (broadcasting is for contiguous tensors).
-inline Error check_elementwise_dim_orders(const char* op, const Tensor& out, const Tensor& a,
-                                          const Tensor* b = nullptr) {
-  if (out.is_contiguous() && a.is_contiguous() && (b == nullptr || b->is_contiguous()))
-    return Error::Ok;
-  const bool same = same_dim_order(out, a) && (b == nullptr || same_dim_order(out, *b));
-  bool sizes = same;
-  for (int d = 0; same && d < out.dim(); ++d)
-    sizes = sizes && a.size(d) == out.size(d) && (b == nullptr || b->size(d) == out.size(d));
-  if (!same || !sizes)
-    return fail(Error::NotSupported,
-                "%s: a channels-last argument needs every tensor channels-last and of one shape "
-                "(broadcasting takes contiguous tensors); the program is not etbuild's",
-                op);
-  return Error::Ok;
-}
+/// in a non-contiguous one the same sizes (broadcasting is for contiguous tensors). Out of line:
+/// every elementwise kernel calls it.
+Error check_elementwise_dim_orders(const char* op, const Tensor& out, const Tensor& a,
+                                   const Tensor* b = nullptr);
 
 /// Elements of work a task gets at least when a kernel splits elementwise or per-row work over
 /// threads: enough to outweigh waking the pool.
