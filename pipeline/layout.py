@@ -95,6 +95,7 @@ class _Pass:
         self.convert_op = ops[CONVERT]
         self.channels_last: set[int] = set()  # ids of channels-last tensors
         self.consumers: dict[int, list[Instruction | DelegateCall]] = defaultdict(list)
+        self.reaches: dict[int, bool] = {}  # _reaches_convolution's answers by tensor id
         for ins in program.instructions:
             for v in _inputs(ins):
                 self.consumers[id(v)].append(ins)
@@ -129,7 +130,14 @@ class _Pass:
 
     def _reaches_convolution(self, v: TensorValue) -> bool:
         """Whether `v` reaches a convolution that takes channels-last, directly or through ops
-        that take every argument channels-last (an activation, an add)."""
+        that take every argument channels-last (an activation, an add). Memoized: paths that
+        branch and meet again are walked once."""
+        if id(v) not in self.reaches:
+            self.reaches[id(v)] = False  # (the program is acyclic; this only guards the memo)
+            self.reaches[id(v)] = self._reaches_uncached(v)
+        return self.reaches[id(v)]
+
+    def _reaches_uncached(self, v: TensorValue) -> bool:
         for ins in self.consumers[id(v)]:
             if isinstance(ins, DelegateCall):
                 continue
