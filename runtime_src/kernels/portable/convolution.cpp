@@ -381,17 +381,20 @@ Error conv_channels_last_small(KernelContext& ctx, const ConvShape& s, const flo
 }
 
 // Channels-last (NHWC) activations, pipeline/layout.py: input [N][H][W][C], out
-// [N][OH][OW][OC], weight [KH][KW][C][OC] (dim order (2, 3, 1, 0)). Every path splits the
-// pixels over the threads, so each thread reads and writes one run of memory of each tensor
-// (with NCHW planes, every plane held a boundary between the threads' data).
-// - small planes, whose weight the lowering leaves as it is: conv_channels_last_small;
+// [N][OH][OW][OC], weight [KH][KW][C][OC] (dim order (2, 3, 1, 0)). The paths split the
+// pixels over the threads (but where noted), so each thread reads and writes one run of
+// memory of each tensor (with NCHW planes, every plane held a boundary between the threads'
+// data).
+// - small planes, whose weight the lowering leaves as it is: conv_channels_last_small (split
+//   by channels, as NCHW);
 // - pointwise (1x1, stride 1, no padding): one GEMM, pixels as rows: out = x * w + bias;
 // - depthwise (groups == C == OC): depthwise_nhwc.h, a band of output rows a task;
 // - few input channels (a stem): conv_direct, which also takes an NCHW input (the graph's);
 // - others (groups 1): the GEMM on im2col rows, whose K = KH x KW x C columns are a run of C
 //   channels a tap (the weight's rows in that order). Where the weights fit in L2 each task
 //   packs a block of pixels into its thread's scratch and multiplies it there; else all the
-//   rows are packed first (in parallel) and one GEMM splits them.
+//   rows are packed first (in parallel), then each thread multiplies them by a run of the
+//   output channels.
 Error conv_channels_last(KernelContext& ctx, const ConvShape& s, const float* x,
                          bool x_channels_last, const float* w, bool w_taps_last, const float* bias,
                          float* y) {

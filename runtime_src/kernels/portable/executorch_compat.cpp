@@ -101,10 +101,7 @@ Error clone_dim_order_out(KernelContext& ctx, const Tensor& self, bool non_block
   if (self.dtype() != out.dtype())
     return fail(Error::InvalidArgument, "%s: dtype changes are not supported", op);
   ETB_TRY(out.resize(self.sizes()));
-  bool same = true;
-  for (int d = 0; d < self.dim(); ++d)
-    same = same && self.dim_order()[size_t(d)] == have[size_t(d)];
-  if (same) {
+  if (same_dim_order(self, out)) {
     if (out.data() != self.data() && self.nbytes() > 0)
       memmove(out.data(), self.data(), self.nbytes());
     return Error::Ok;
