@@ -239,10 +239,11 @@ class Case:
     calibration: list[tuple[torch.Tensor, ...]]
     program: object = None  # etbuild.pipeline.ir.Program (instruction shapes for --profile)
     pte_sha: str = ""
+    channels_last: bool = False  # built with pipeline.lower.channels_last=true
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.dtype}"
+        return f"{self.model}/{self.dtype}" + ("/nhwc" if self.channels_last else "")
 
 
 def compose(overrides: list[str]):
@@ -261,14 +262,20 @@ def quant_overrides(model: str, dtype: str, transformer_int8: str) -> list[str]:
     return [f"+quant={transformer_int8}"] if model == "transformer" else ["+quant=ptq"]
 
 
-def build_case(model: str, dtype: str, work: Path, transformer_int8: str) -> Case:
+def build_case(
+    model: str, dtype: str, work: Path, transformer_int8: str, channels_last: bool = False
+) -> Case:
+    """The case's program and reference; `channels_last`: lowered with channels-last
+    activations (pipeline.lower.channels_last=true)."""
     from etbuild.pipeline.quant.calibration import calibration_batches
     from etbuild.pipeline.runner import run_stages, sha256_file
     from etbuild.pipeline.stages import STAGES
 
     overrides = [f"model={model}", *quant_overrides(model, dtype, transformer_int8)]
+    if channels_last:
+        overrides.append("pipeline.lower.channels_last=true")
     cfg = compose(overrides + ["pipeline.stop_after=reference"])
-    run_dir = work / f"{model}_{dtype}"
+    run_dir = work / (f"{model}_{dtype}" + ("_nhwc" if channels_last else ""))
     with quiet():
         ctx = run_stages(STAGES, cfg, run_dir, stop_after="reference", log=lambda _: None)
     ref = torch.load(run_dir / "reference.pt", weights_only=False)
@@ -289,6 +296,7 @@ def build_case(model: str, dtype: str, work: Path, transformer_int8: str) -> Cas
         calib,
         ctx.artifacts.get("program"),
         sha256_file(pte),
+        channels_last,
     )
 
 

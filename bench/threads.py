@@ -22,11 +22,13 @@ per round, from samples of one round (median and range over rounds: how much of 
 the host's noise). ``--profile`` adds, per
 case, the layers that scale worst: each instruction's time at 1 thread and at the highest
 count (the runtime's profiler, etbuild.runtime ``run(..., profile=True)``), sorted by the time
-it loses against a perfect split.
+it loses against a perfect split. ``--channels-last`` adds, after each fp32 case, the same model
+lowered with channels-last activations (``pipeline.lower.channels_last=true``; XNNPACK's program
+is the same).
 
     pip install ".[bench]"
     python bench/threads.py [--models mobilenet resnet18] [--dtypes fp32 int8]
-        [--threads 1 2] [--iters 30] [--rounds 6] [--profile] [--top 12]
+        [--threads 1 2] [--iters 30] [--rounds 6] [--profile] [--top 12] [--channels-last]
 """
 
 from __future__ import annotations
@@ -357,6 +359,11 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=30, help="timed runs per runtime per cell")
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="the layers that scale worst")
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="each fp32 case also built with pipeline.lower.channels_last=true (model/fp32/nhwc)",
+    )
     parser.add_argument("--top", type=int, default=12, help="instructions shown per profile")
     parser.add_argument("--xnnpack-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -377,7 +384,12 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="etb_threads_") as wd:
         work = Path(wd)
-        cases = [kb.build_case(m, d, work, "ptq") for m in args.models for d in args.dtypes]
+        cases = []
+        for m in args.models:
+            for d in args.dtypes:
+                cases.append(kb.build_case(m, d, work, "ptq"))
+                if args.channels_last and d == "fp32":  # the int8 kernels take NCHW only
+                    cases.append(kb.build_case(m, d, work, "ptq", channels_last=True))
         build = kb.build_runtimes(["native"], cases, work, profile=args.profile)["native"]
         if build.error:
             kb.log(f"etbuild runtime build failed: {build.error}")
@@ -422,7 +434,7 @@ def main() -> int:
                     c.error = f"output failed: {kb.short_error(exc)}"
             before = round_trip_ns(probe)
             kb.measure(cells, args.iters, args.rounds)
-            kb.log(f"  {case.name:<16} core-to-core round trip {before} before, "
+            kb.log(f"  {case.name:<20} core-to-core round trip {before} before, "
                    f"{round_trip_ns(probe)} after")  # fmt: skip
             for c in cells:
                 if isinstance(c.timed, XnnpackWorker):
@@ -431,22 +443,22 @@ def main() -> int:
             samples = {c.runtime: c.samples for c in cells if c.ms is not None}
             errors = [f"{c.runtime}: {c.error}" for c in cells if c.error]
             rows.append((case.name, ms, errors, samples))
-            kb.log(f"  {case.name:<16} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
+            kb.log(f"  {case.name:<20} " + "  ".join(f"{c.runtime} {kb.fmt_ms(c)}" for c in cells))
             if args.profile and build.module is not None:
                 scaling_profile(case, build, max(args.threads), args.top)
 
     kb.log("\n== latency, ms (median over rounds)")
     cols = [f"{rt}@{t}" for t in args.threads for rt in RUNTIMES]
-    kb.log(f"{'model/dtype':<16}" + "".join(f"{c:>13}" for c in cols))
+    kb.log(f"{'model/dtype':<20}" + "".join(f"{c:>13}" for c in cols))
     for name, ms, _, _ in rows:
-        kb.log(f"{name:<16}" + "".join(f"{fmt_ms(ms.get(c)):>13}" for c in cols))
+        kb.log(f"{name:<20}" + "".join(f"{fmt_ms(ms.get(c)):>13}" for c in cols))
     kb.log(
         "\n== speed-up over 1 thread (same runtime), and etbuild (portable, then delegated) / "
         "ExecuTorch+XNNPACK at each count"
     )
     head = [f"{rt} x{t}" for rt in RUNTIMES for t in args.threads[1:]]
     head += [f"etb/xnn@{t}" for t in args.threads] + [f"etb+x/xnn@{t}" for t in args.threads]
-    kb.log(f"{'model/dtype':<16}" + "".join(f"{h:>13}" for h in head))
+    kb.log(f"{'model/dtype':<20}" + "".join(f"{h:>13}" for h in head))
     for name, ms, errors, _ in rows:
         vals = [
             kb.ratio(ms.get(f"{rt}@1"), ms.get(f"{rt}@{t}"))
@@ -455,7 +467,7 @@ def main() -> int:
         ]
         vals += [kb.ratio(ms.get(f"etbuild@{t}"), ms.get(f"xnnpack@{t}")) for t in args.threads]
         vals += [kb.ratio(ms.get(f"etb+xnn@{t}"), ms.get(f"xnnpack@{t}")) for t in args.threads]
-        kb.log(f"{name:<16}" + "".join(f"{kb.fmt_ratio(v):>13}" for v in vals))
+        kb.log(f"{name:<20}" + "".join(f"{kb.fmt_ratio(v):>13}" for v in vals))
         for e in errors:
             kb.log(f"    {e}")
     if args.rounds > 1:
@@ -479,7 +491,7 @@ def log_round_spread(rows, threads: list[int]) -> None:
             if one and many and x1 and xt:
                 change = [(b / d) / (a / c) for a, b, c, d in zip(one, many, x1, xt, strict=False)]
                 cells.append(f"ratio@{t}/@1 {kb.spread(change)}")
-        kb.log(f"  {name:<16} " + "  ".join(cells))
+        kb.log(f"  {name:<20} " + "  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ CASES = [
     ("big_weights_3x3", _conv(160, 200, 3, 8, padding=1), nn.ReLU(), (1, 160, 11, 10)),
     ("small_plane_3x3", _conv(64, 80, 3, 12, padding=1), nn.ReLU6(), (2, 64, 7, 7)),
     ("small_plane_1x1", _conv(96, 40, 1, 13), None, (1, 96, 5, 3)),
+    ("small_plane_3x3_s2", _conv(37, 19, 3, 14, stride=2, padding=1), None, (1, 37, 13, 11)),
     ("depthwise_3x3", _conv(40, 40, 3, 9, padding=1, groups=40), nn.ReLU6(), (1, 40, 19, 23)),
     (
         "depthwise_3x3_s2",

@@ -13,6 +13,7 @@
 #include "kernels/portable/depthwise_nhwc.h"
 #include "kernels/portable/gemm.h"
 #include "kernels/portable/geometry.h"
+#include "kernels/portable/transpose.h"
 #include "kernels/portable/util.h"
 #include "kernels/simd.h"
 #include "native_functions.h"
@@ -332,50 +333,81 @@ void parallel_row_bands(KernelContext& ctx, const ConvShape& s, F&& f) {
   ctx.parallel_for(s.N * bands, band);
 }
 
+// Runs [begin, end) of `n` items in whole vectors, one run per thread of ctx (run r of
+// `runs`): the channel split of conv_channels_last_small's copies, which follows the product's
+// rows (each thread's share of its tasks comes first).
+struct VectorRun {
+  int64_t begin, end;
+  VectorRun(int64_t n, int64_t r, int64_t runs) {
+    constexpr int64_t kW = simd::VecF::kWidth;
+    const int64_t units = (n + kW - 1) / kW;
+    begin = std::min(units * r / runs * kW, n);
+    end = std::min(units * (r + 1) / runs * kW, n);
+  }
+};
+
 // A small plane's convolution (groups 1) on channels-last tensors with its weight as the
 // model has it, [OC][C][KH][KW] (pipeline/layout.py keeps it so on planes of few pixels): per
-// batch item the NCHW product, out^T = weight x columns [K x P] (packed from the NHWC input),
-// then out^T transposed into place. With the pixels as the GEMM's rows, as the other paths
-// take them, each of a 7x7 plane's few row tiles read all the weights again (a 3x3 512 -> 512
-// convolution took 1.2x as long).
+// batch item the NCHW product, out^T = weight x columns [K x P], then out^T transposed into
+// place. The input is transposed to planes [C x H*W] first, from which a 1x1 convolution
+// (stride 1, no padding) takes its columns as they are and others build them as im2col does.
+// With the pixels as the GEMM's rows, as the other paths take them, each of a 7x7 plane's
+// few row tiles read all the weights again (a 3x3 512 -> 512 convolution took 1.2x as long).
+// The copies are SIMD transposes (transpose.h), a run of channels a thread: gathered one
+// float at a time they took MobileNetV2's 7x7 layers 1.3-1.6x as long as NCHW's product.
 Error conv_channels_last_small(KernelContext& ctx, const ConvShape& s, const float* x,
                                const float* w, const float* bias, float* y) {
-  const int64_t P = s.OH * s.OW, K = s.C * s.KH * s.KW, ld = (P + 15) / 16 * 16;
-  const size_t cols_bytes = align64(size_t(K * ld) * sizeof(float));
+  const int64_t HW = s.H * s.W, P = s.OH * s.OW, K = s.C * s.KH * s.KW, ld = P;
+  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const int64_t ld_planes = pointwise ? ld : HW;
+  const size_t planes_bytes = align64(size_t(s.C * ld_planes) * sizeof(float));
+  const size_t cols_bytes = pointwise ? 0 : align64(size_t(K * ld) * sizeof(float));
   const size_t product_bytes = align64(size_t(s.OC * ld) * sizeof(float));
-  Result<void*> mem = ctx.allocate_temp(cols_bytes + product_bytes, 64);
+  Result<void*> mem = ctx.allocate_temp(planes_bytes + cols_bytes + product_bytes, 64);
   if (!mem.ok()) return mem.error();
   Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(s.OC, P, K, ld), 64);
   if (!ws.ok()) return ws.error();
-  float* cols = static_cast<float*>(mem.value());
-  float* product = reinterpret_cast<float*>(static_cast<char*>(mem.value()) + cols_bytes);
+  char* base = static_cast<char*>(mem.value());
+  float* planes = reinterpret_cast<float*>(base);
+  float* cols = pointwise ? planes : reinterpret_cast<float*>(base + planes_bytes);
+  float* product = reinterpret_cast<float*>(base + planes_bytes + cols_bytes);
   GemmEpilogue ep;
   ep.init = bias != nullptr ? GemmInit::RowBias : GemmInit::Zero;
   ep.bias = bias;
   ep.clamp = ctx.output_clamp();
+  const int64_t runs = ctx.num_threads();
   for (int64_t n = 0; n < s.N; ++n) {
-    const float* xn = x + n * s.H * s.W * s.C;
-    // Row (c, kh, kw) of the columns: that tap of channel c at every output pixel.
-    auto pack = [&](int64_t c, int) {
-      float* row = cols + c * s.KH * s.KW * ld;
-      for (int64_t kh = 0; kh < s.KH; ++kh)
-        for (int64_t kw = 0; kw < s.KW; ++kw, row += ld)
-          for (int64_t oh = 0; oh < s.OH; ++oh) {
-            const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-            for (int64_t ow = 0; ow < s.OW; ++ow) {
-              const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
-              const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
-              row[oh * s.OW + ow] = inside ? xn[(ih * s.W + iw) * s.C + c] : 0.f;
+    const float* xn = x + n * HW * s.C;
+    // Channels [c0, c1): their planes, then (but for a 1x1) their rows (c, kh, kw) of the
+    // columns: that tap of channel c at every output pixel.
+    auto columns = [&](int64_t r, int) {
+      const VectorRun c(s.C, r, runs);
+      transpose_f32(xn + c.begin, s.C, planes + c.begin * ld_planes, ld_planes, HW,
+                    c.end - c.begin);
+      if (pointwise) return;
+      for (int64_t ch = c.begin; ch < c.end; ++ch) {
+        const float* plane = planes + ch * HW;
+        float* row = cols + ch * s.KH * s.KW * ld;
+        for (int64_t kh = 0; kh < s.KH; ++kh)
+          for (int64_t kw = 0; kw < s.KW; ++kw, row += ld)
+            for (int64_t oh = 0; oh < s.OH; ++oh) {
+              const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
+              for (int64_t ow = 0; ow < s.OW; ++ow) {
+                const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
+                const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
+                row[oh * s.OW + ow] = inside ? plane[ih * s.W + iw] : 0.f;
+              }
             }
-          }
+      }
     };
-    ctx.parallel_for(s.C, pack);
+    ctx.parallel_for(runs, columns);
     sgemm(ctx, s.OC, P, K, w, K, cols, ld, product, ld, ep, static_cast<float*>(ws.value()));
     float* yn = y + n * P * s.OC;
-    auto transpose = [&](int64_t p, int) {
-      for (int64_t oc = 0; oc < s.OC; ++oc) yn[p * s.OC + oc] = product[oc * ld + p];
+    auto transpose = [&](int64_t r, int) {
+      const VectorRun oc(s.OC, r, runs);
+      transpose_f32(product + oc.begin * ld, ld, yn + oc.begin, s.OC, oc.end - oc.begin, P);
     };
-    ctx.parallel_for(P, transpose);
+    ctx.parallel_for(runs, transpose);
   }
   return Error::Ok;
 }

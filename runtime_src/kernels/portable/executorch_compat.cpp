@@ -2,7 +2,9 @@
 // (ops_yaml/executorch_compat.yaml): inference batch norm and the dim-order clone (which
 // etbuild's channels-last programs use too: pipeline/layout.py).
 #include <cmath>
+#include <type_traits>
 
+#include "kernels/portable/transpose.h"
 #include "kernels/portable/util.h"
 #include "native_functions.h"
 
@@ -48,16 +50,20 @@ Error native_batch_norm_legit_no_training_out(KernelContext&, const Tensor& inpu
 namespace {
 
 // dst[j][i] = src[i][j] for an R x Q block of an [R x ld_src] matrix into a [Q x ld_dst] one,
-// in tiles that keep both sides' lines in L1.
+// in tiles that keep both sides' lines in L1; Float's through registers (transpose.h).
 template <typename T>
 void transpose_block(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int64_t R, int64_t Q) {
-  constexpr int64_t kTile = 16;
-  for (int64_t i0 = 0; i0 < R; i0 += kTile)
-    for (int64_t j0 = 0; j0 < Q; j0 += kTile) {
-      const int64_t i1 = i0 + kTile < R ? i0 + kTile : R, j1 = j0 + kTile < Q ? j0 + kTile : Q;
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) dst[j * ld_dst + i] = src[i * ld_src + j];
-    }
+  if constexpr (std::is_same_v<T, float>) {
+    transpose_f32(src, ld_src, dst, ld_dst, R, Q);
+  } else {
+    constexpr int64_t kTile = 16;
+    for (int64_t i0 = 0; i0 < R; i0 += kTile)
+      for (int64_t j0 = 0; j0 < Q; j0 += kTile) {
+        const int64_t i1 = i0 + kTile < R ? i0 + kTile : R, j1 = j0 + kTile < Q ? j0 + kTile : Q;
+        for (int64_t j = j0; j < j1; ++j)
+          for (int64_t i = i0; i < i1; ++i) dst[j * ld_dst + i] = src[i * ld_src + j];
+      }
+  }
 }
 
 // NCHW <-> NHWC: per batch item a transpose of [C x HW] (to channels-last) or [HW x C]. The
