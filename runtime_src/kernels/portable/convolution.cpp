@@ -320,15 +320,16 @@ void conv_direct(const ConvShape& s, const float* x, int64_t cs, int64_t ps, con
     }
 }
 
-// Splits output rows over the threads: per batch item, bands of rows (kTasksPerThread a
-// thread); f(n, oh0, oh1).
+// Splits output rows over the threads: per batch item, bands of whole units of `unit` rows
+// (kTasksPerThread a thread, where there are units for them); f(n, oh0, oh1).
 template <typename F>
-void parallel_row_bands(KernelContext& ctx, const ConvShape& s, F&& f) {
+void parallel_row_bands(KernelContext& ctx, const ConvShape& s, int64_t unit, F&& f) {
   const int threads = ctx.num_threads();
-  const int64_t bands = threads == 1 ? 1 : std::min<int64_t>(s.OH, kTasksPerThread * threads);
+  const int64_t units = (s.OH + unit - 1) / unit;
+  const int64_t bands = threads == 1 ? 1 : std::min<int64_t>(units, kTasksPerThread * threads);
   auto band = [&](int64_t t, int) {
     const int64_t n = t / bands, b = t % bands;
-    f(n, s.OH * b / bands, s.OH * (b + 1) / bands);
+    f(n, std::min(units * b / bands * unit, s.OH), std::min(units * (b + 1) / bands * unit, s.OH));
   };
   ctx.parallel_for(s.N * bands, band);
 }
@@ -433,14 +434,17 @@ Error conv_channels_last(KernelContext& ctx, const ConvShape& s, const float* x,
   const int64_t P = s.N * s.OH * s.OW;
   const OutputClamp clamp = ctx.output_clamp();
   if (s.groups > 1) {  // depthwise
-    parallel_row_bands(ctx, s, [&](int64_t n, int64_t oh0, int64_t oh1) {
+    // Bands of row pairs where the kernel takes output rows in pairs (3 tall, stride 1): in
+    // bands of single rows, a 28x28 plane's layers took as long at 2 threads as at 1.
+    const int64_t unit = s.KH == 3 && s.sh == 1 && s.dh == 1 ? 2 : 1;
+    parallel_row_bands(ctx, s, unit, [&](int64_t n, int64_t oh0, int64_t oh1) {
       depthwise_nhwc_f32(s, x, w, bias, clamp, y, n, oh0, oh1);
     });
     return Error::Ok;
   }
   if (!w_taps_last) return conv_channels_last_small(ctx, s, x, w, bias, y);
   if (s.C <= kDirectChannels) {
-    parallel_row_bands(ctx, s, [&](int64_t n, int64_t oh0, int64_t oh1) {
+    parallel_row_bands(ctx, s, 1, [&](int64_t n, int64_t oh0, int64_t oh1) {
       const int64_t item = s.C * s.H * s.W;
       const int64_t cs = x_channels_last ? 1 : s.H * s.W, ps = x_channels_last ? s.C : 1;
       conv_direct(s, x + n * item, cs, ps, w, bias, clamp, y + n * s.OH * s.OW * s.OC, oh0, oh1);
