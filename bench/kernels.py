@@ -300,6 +300,20 @@ def build_case(
     )
 
 
+def build_cases(
+    models: list[str], dtypes: list[str], work: Path, transformer_int8: str, channels_last: bool
+) -> list[Case]:
+    """build_case for every model and dtype; with `channels_last`, each fp32 case followed by
+    its channels-last twin (the int8 kernels take NCHW only)."""
+    cases = []
+    for model in models:
+        for dtype in dtypes:
+            cases.append(build_case(model, dtype, work, transformer_int8))
+            if channels_last and dtype == "fp32":
+                cases.append(build_case(model, dtype, work, transformer_int8, channels_last=True))
+    return cases
+
+
 # ---- etbuild's runtime for each ISA level -----------------------------------------------------
 
 

@@ -26,11 +26,13 @@ idle threads the scheduler put on one core are spread again; the first run of ea
 warms the caches (four copies of a model's weights do not all stay in L3). A layer's time is
 the median of the other runs. The whole run's speed-up over one thread and its ratio to
 XNNPACK are also given per round (median and p10-p90 of the per-round values): the paired form
-of bench/threads.py's done-when quantities.
+of bench/threads.py's done-when quantities. ``--channels-last`` adds, after each fp32 case, the
+same model lowered with channels-last activations (``pipeline.lower.channels_last=true``) against
+the same XNNPACK program.
 
     pip install ".[bench]"
     python bench/layers.py [--models mobilenet resnet18] [--dtypes fp32 int8] [--threads 1 2]
-        [--rounds 12] [--top 25]
+        [--rounds 12] [--top 25] [--channels-last]
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ def measure(case: kb.Case, mod, threads: list[int], work: Path, rounds: int) -> 
     seconds)."""
     result = CaseResult(case)
     pte, _ = kb.xnnpack_program(case)
-    inputs = work / f"{case.model}_{case.dtype}_inputs.pt"
+    inputs = work / f"{case.name.replace('/', '_')}_inputs.pt"
     torch.save(list(case.inputs), inputs)
     progs = {t: mod.load(str(case.pte), threads=t) for t in threads}
     workers = {t: XnnpackProfiler(pte, inputs, t) for t in threads}
@@ -225,7 +227,7 @@ def measure(case: kb.Case, mod, threads: list[int], work: Path, rounds: int) -> 
                 workers[t].ask(f"run {TURN}")
                 time.sleep(SETTLE_S)
         for t in threads:
-            out = work / f"{case.model}_{case.dtype}_xnn_{t}.json"
+            out = work / f"{case.name.replace('/', '_')}_xnn_{t}.json"
             workers[t].ask(f"dump {out}")
             result.xnn[t] = xnn_profile(out)
     except Exception as exc:  # noqa: BLE001
@@ -309,6 +311,11 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=12, help="rounds (a turn of each side)")
     parser.add_argument("--top", type=int, default=25, help="layers shown per case")
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="each fp32 case also built with pipeline.lower.channels_last=true (model/fp32/nhwc)",
+    )
     parser.add_argument("--xnnpack-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.xnnpack_worker:
@@ -328,7 +335,7 @@ def main() -> int:
            f"{kb.machine_isa(info['flags'])}; threads {args.threads}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="etb_layers_") as wd:
         work = Path(wd)
-        cases = [kb.build_case(m, d, work, "ptq") for m in args.models for d in args.dtypes]
+        cases = kb.build_cases(args.models, args.dtypes, work, "ptq", args.channels_last)
         build = kb.build_runtimes(["native"], cases, work, profile=True)["native"]
         if build.error or build.module is None:
             kb.log(f"etbuild runtime: {build.error or 'no Python module'}")

@@ -384,12 +384,7 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="etb_threads_") as wd:
         work = Path(wd)
-        cases = []
-        for m in args.models:
-            for d in args.dtypes:
-                cases.append(kb.build_case(m, d, work, "ptq"))
-                if args.channels_last and d == "fp32":  # the int8 kernels take NCHW only
-                    cases.append(kb.build_case(m, d, work, "ptq", channels_last=True))
+        cases = kb.build_cases(args.models, args.dtypes, work, "ptq", args.channels_last)
         build = kb.build_runtimes(["native"], cases, work, profile=args.profile)["native"]
         if build.error:
             kb.log(f"etbuild runtime build failed: {build.error}")
