@@ -320,32 +320,30 @@ void conv_direct(const ConvShape& s, const float* x, int64_t cs, int64_t ps, con
     }
 }
 
+// Run r of `runs` over [0, n) in whole units of `unit` items, the last ending at n: the runs
+// differ by at most one unit.
+struct UnitRun {
+  int64_t begin, end;
+  UnitRun(int64_t n, int64_t unit, int64_t r, int64_t runs) {
+    const int64_t units = ceil_div(n, unit);
+    begin = std::min(units * r / runs * unit, n);
+    end = std::min(units * (r + 1) / runs * unit, n);
+  }
+};
+
 // Splits output rows over the threads: per batch item, bands of whole units of `unit` rows
 // (kTasksPerThread a thread, where there are units for them); f(n, oh0, oh1).
 template <typename F>
 void parallel_row_bands(KernelContext& ctx, const ConvShape& s, int64_t unit, F&& f) {
   const int threads = ctx.num_threads();
-  const int64_t units = (s.OH + unit - 1) / unit;
+  const int64_t units = ceil_div(s.OH, unit);
   const int64_t bands = threads == 1 ? 1 : std::min<int64_t>(units, kTasksPerThread * threads);
   auto band = [&](int64_t t, int) {
-    const int64_t n = t / bands, b = t % bands;
-    f(n, std::min(units * b / bands * unit, s.OH), std::min(units * (b + 1) / bands * unit, s.OH));
+    const UnitRun rows(s.OH, unit, t % bands, bands);
+    f(t / bands, rows.begin, rows.end);
   };
   ctx.parallel_for(s.N * bands, band);
 }
-
-// Runs [begin, end) of `n` items in whole vectors, one run per thread of ctx (run r of
-// `runs`): the channel split of conv_channels_last_small's copies, which follows the product's
-// rows (each thread's share of its tasks comes first).
-struct VectorRun {
-  int64_t begin, end;
-  VectorRun(int64_t n, int64_t r, int64_t runs) {
-    constexpr int64_t kW = simd::VecF::kWidth;
-    const int64_t units = (n + kW - 1) / kW;
-    begin = std::min(units * r / runs * kW, n);
-    end = std::min(units * (r + 1) / runs * kW, n);
-  }
-};
 
 // A small plane's convolution (groups 1) on channels-last tensors with its weight as the
 // model has it, [OC][C][KH][KW] (pipeline/layout.py keeps it so on planes of few pixels): per
@@ -359,7 +357,7 @@ struct VectorRun {
 Error conv_channels_last_small(KernelContext& ctx, const ConvShape& s, const float* x,
                                const float* w, const float* bias, float* y) {
   const int64_t HW = s.H * s.W, P = s.OH * s.OW, K = s.C * s.KH * s.KW, ld = P;
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const bool pointwise = is_pointwise(s);
   const int64_t ld_planes = pointwise ? ld : HW;
   const size_t planes_bytes = align64(size_t(s.C * ld_planes) * sizeof(float));
   const size_t cols_bytes = pointwise ? 0 : align64(size_t(K * ld) * sizeof(float));
@@ -376,36 +374,26 @@ Error conv_channels_last_small(KernelContext& ctx, const ConvShape& s, const flo
   ep.init = bias != nullptr ? GemmInit::RowBias : GemmInit::Zero;
   ep.bias = bias;
   ep.clamp = ctx.output_clamp();
+  // One run of whole vectors of channels a thread, in step with the product's split by
+  // output channels (each thread's share of its tasks comes first).
+  constexpr int64_t kW = simd::VecF::kWidth;
   const int64_t runs = ctx.num_threads();
   for (int64_t n = 0; n < s.N; ++n) {
     const float* xn = x + n * HW * s.C;
-    // Channels [c0, c1): their planes, then (but for a 1x1) their rows (c, kh, kw) of the
-    // columns: that tap of channel c at every output pixel.
+    // A run of channels: their planes, then (but for a 1x1) their im2col rows.
     auto columns = [&](int64_t r, int) {
-      const VectorRun c(s.C, r, runs);
+      const UnitRun c(s.C, kW, r, runs);
       transpose_f32(xn + c.begin, s.C, planes + c.begin * ld_planes, ld_planes, HW,
                     c.end - c.begin);
-      if (pointwise) return;
-      for (int64_t ch = c.begin; ch < c.end; ++ch) {
-        const float* plane = planes + ch * HW;
-        float* row = cols + ch * s.KH * s.KW * ld;
-        for (int64_t kh = 0; kh < s.KH; ++kh)
-          for (int64_t kw = 0; kw < s.KW; ++kw, row += ld)
-            for (int64_t oh = 0; oh < s.OH; ++oh) {
-              const int64_t ih = oh * s.sh - s.ph + kh * s.dh;
-              for (int64_t ow = 0; ow < s.OW; ++ow) {
-                const int64_t iw = ow * s.sw - s.pw + kw * s.dw;
-                const bool inside = ih >= 0 && ih < s.H && iw >= 0 && iw < s.W;
-                row[oh * s.OW + ow] = inside ? plane[ih * s.W + iw] : 0.f;
-              }
-            }
-      }
+      if (!pointwise)
+        for (int64_t ch = c.begin; ch < c.end; ++ch)
+          im2col_channel(s, planes, ch, 0, P, 0.f, cols, ld);
     };
     ctx.parallel_for(runs, columns);
     sgemm(ctx, s.OC, P, K, w, K, cols, ld, product, ld, ep, static_cast<float*>(ws.value()));
     float* yn = y + n * P * s.OC;
     auto transpose = [&](int64_t r, int) {
-      const VectorRun oc(s.OC, r, runs);
+      const UnitRun oc(s.OC, kW, r, runs);
       transpose_f32(product + oc.begin * ld, ld, yn + oc.begin, s.OC, oc.end - oc.begin, P);
     };
     ctx.parallel_for(runs, transpose);
@@ -456,7 +444,7 @@ Error conv_channels_last(KernelContext& ctx, const ConvShape& s, const float* x,
   ep.bias = bias;
   ep.clamp = clamp;
   const int64_t K = s.KH * s.KW * s.C;
-  if (s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0) {
+  if (is_pointwise(s)) {
     Result<void*> ws = ctx.allocate_temp(sgemm_workspace_bytes(P, s.OC, K, s.OC), 64);
     if (!ws.ok()) return ws.error();
     sgemm(ctx, P, s.OC, K, x, K, w, s.OC, y, s.OC, ep, static_cast<float*>(ws.value()));
@@ -494,17 +482,16 @@ Error conv_channels_last(KernelContext& ctx, const ConvShape& s, const float* x,
       // share of the weights, and all of the rows. Split by rows, every thread read all the
       // weights: ResNet18 at 2 threads took 1.08x as long where the threads' cores share no
       // cache, 1.01x where they do.
-      const int64_t units = (s.OC + 15) / 16, runs = threads;
-      const int64_t widest = (units + runs - 1) / runs * 16;
+      const int64_t runs = threads, widest = ceil_div(ceil_div(s.OC, 16), runs) * 16;
       const size_t ws_bytes = align64(sgemm_workspace_bytes(P, widest, K, s.OC));
       Result<void*> ws = ctx.allocate_temp(ws_bytes * size_t(threads), 64);
       if (!ws.ok()) return ws.error();
       const KernelContext serial = ctx.within_task();
       auto run = [&](int64_t r, int thread) {
-        const int64_t c0 = units * r / runs * 16, c1 = std::min(units * (r + 1) / runs * 16, s.OC);
+        const UnitRun oc(s.OC, 16, r, runs);
         GemmEpilogue part = ep;
-        if (bias != nullptr) part.bias = bias + c0;
-        sgemm(serial, P, c1 - c0, K, a, K, w + c0, s.OC, y + c0, s.OC, part,
+        if (bias != nullptr) part.bias = bias + oc.begin;
+        sgemm(serial, P, oc.end - oc.begin, K, a, K, w + oc.begin, s.OC, y + oc.begin, s.OC, part,
               reinterpret_cast<float*>(ctx.thread_slice(thread, ws.value(), ws_bytes)));
       };
       ctx.parallel_for(runs, run);
@@ -694,7 +681,7 @@ Error convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& wei
     return Error::Ok;
   }
   const int64_t oc_g = s.OC / groups;
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const bool pointwise = is_pointwise(s);
   const int64_t K = cin_g * s.KH * s.KW;
   // Each group is out[oc_g x P] = weight[oc_g x K] * columns[K x P], bias per row.
   GemmEpilogue ep;

@@ -21,6 +21,12 @@ struct ConvShape {
   int64_t sh, sw, ph, pw, dh, dw, groups;
 };
 
+/// A 1x1 convolution with stride 1 and no padding: each output pixel is a product of its own
+/// input pixel (dilation does not matter), so the input is the GEMM's operand as it is.
+inline bool is_pointwise(const ConvShape& s) {
+  return s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+}
+
 /// Rows of zero-padded input that shape s's outputs read: H + 2 ph, or more for a band of a
 /// plane's rows whose padding is all below it (ph = 0: the rows the band reads end past H).
 inline int64_t padded_rows(const ConvShape& s) {

@@ -166,7 +166,7 @@ Error conv_column_tiles(KernelContext& ctx, const ConvShape& s, const int8_t* x,
 // nor where the channels fill a step's words so poorly that the padding costs more than the
 // im2col copy saves (an RGB input: 3 channels in words of 4, a third more products).
 bool takes_taps_path(const ConvShape& s) {
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const bool pointwise = is_pointwise(s);
   const int64_t cin_g = s.C / s.groups, step = qgemm_step_channels();
   const int64_t padded = (cin_g + step - 1) / step * step;
   return !pointwise && TapsLayout::supports(s) && 8 * padded <= 9 * cin_g;
@@ -427,7 +427,7 @@ Error conv2d_out(KernelContext& ctx, const Tensor& input, double input_scale,
   if (taps > 0) return conv_taps(ctx, s, x, xzp, w, pw, wsum, mult, bias_f, q, y);
 #endif
   const int64_t P = s.OH * s.OW, HW = s.H * s.W;
-  const bool pointwise = s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0;
+  const bool pointwise = is_pointwise(s);
   int8_t* col = nullptr;
   // im2col column tiles within the tile budget (the pointwise path has none).
   const int threads = ctx.num_threads();
